@@ -1,0 +1,28 @@
+"""The `specq` command group. Subcommands live in their own modules and only parse and delegate."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from specq import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="specq")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """specq: batch speculative decoding. JSONL in, completions and metrics out."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _register() -> None:
+    # Each command module adds itself to `cli`; imports stay light so `specq --help` needs no torch.
+    from cli import commands  # noqa: F401
+
+
+def main() -> None:
+    _register()
+    cli()

@@ -1,0 +1,26 @@
+"""Engine configuration, one frozen dataclass (nanoGPT's GPTConfig style)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    num_speculative_tokens: int = 4  # K: the most draft tokens a step may propose
+    fixed_k: bool = False  # False: pick k <= K each step from measured step times and acceptance
+    batch_size: int = 8  # sequences decoded together; free slots are refilled from the waiting requests
+    strict: bool = False  # costly invariant checks (probabilities sum to 1, shapes); tests switch it on
+    probe_interval: int = 16  # adaptive k: every this many steps try a neighbouring k, to keep estimates fresh
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_speculative_tokens <= 32:
+            raise ValueError(f"num_speculative_tokens must be in [0, 32], got {self.num_speculative_tokens}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.probe_interval < 2:
+            raise ValueError(f"probe_interval must be >= 2, got {self.probe_interval}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,58 @@
+"""Raw decoding counters, named as vLLM names them; rates are derived where they are read.
+
+Terms (vLLM's rejection sampler):
+- a *draft* is one sequence's proposal in one step (k >= 1 draft tokens);
+- *accepted* tokens are draft tokens the target kept;
+- the *recovered* token is sampled from the residual max(0, target - draft) at the first rejection;
+- the *bonus* token is the extra target token when all k draft tokens were accepted;
+- the *output* of a step for a sequence is its accepted tokens plus one recovered or bonus token.
+
+acceptance rate = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts
+(it counts the recovered or bonus token each draft also yields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class EngineStats:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [K]: drafts whose token i was accepted
+    num_generated_tokens: int = 0  # tokens that ended up in completions
+    num_steps: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    prefill_tokens: int = 0
+    time_prefill_s: float = 0.0
+    time_draft_s: float = 0.0  # draft forward passes while proposing
+    time_target_s: float = 0.0  # target forward passes while verifying / decoding
+    time_total_s: float = 0.0  # wall time inside generate()
+    # mean seconds of one forward pass, keyed by "draft" and by "target:N" (N query tokens a row), for the
+    # batch sizes seen; the benchmark reads its cost ratio c and t_verify from here
+    forward_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_generated_tokens / self.time_total_s if self.time_total_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_acceptance_length=self.mean_acceptance_length,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out

@@ -1,0 +1,25 @@
+"""specq's domain exceptions, in one flat module. The CLI maps them to exit codes."""
+
+
+class SpecqError(Exception):
+    """Base class: a failure with a message meant for the user."""
+
+
+class BadInputError(SpecqError):
+    """The input file has bad lines; `problems` holds one `INPUT:LINE: reason` string per bad line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class ModelLoadError(SpecqError):
+    """A model or tokenizer cannot be loaded, or the target and draft do not fit together."""
+
+
+class ServiceUnavailableError(SpecqError):
+    """Redis or the database cannot be reached."""
+
+
+class JobNotFoundError(SpecqError):
+    """No job has the given id."""
