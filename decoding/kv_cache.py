@@ -1,0 +1,121 @@
+"""A KV cache in which every row (sequence) has its own length, so each row is rolled back on its own.
+
+Hugging Face's `DynamicCache` keeps one length for the whole batch: rolling back a row it rejected
+draft tokens for would mean rolling back every row to the slowest one. Here the cache is a
+preallocated buffer per layer, `[rows, kv_heads, capacity, head_dim]`; row b holds its tokens in
+columns `[0, lengths[b])`, always starting at column 0 (no left padding), so its position ids are
+its column indices, exactly as when that sequence is decoded alone.
+
+A forward pass writes the new keys/values of row b at columns `lengths[b] + t` (a scatter), and the
+attention mask lets query t of row b see columns `<= lengths[b] + t`. Rolling back row b by r
+tokens is `lengths[b] -= r`: the stale columns are never seen again and get overwritten. Inputs can
+be ragged (row b feeds n_b <= T real tokens, right-padded): the padding is written past the row's
+new length, where it is masked out and later overwritten.
+
+The model reads this through the standard `Cache` interface (`update` per layer), so any Hugging
+Face causal LM whose attention layers call `cache.update` and accept a prepared 4D mask works.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+@dataclass
+class WritePlan:
+    """Where the current forward pass writes, set by `RaggedKVCache.plan_*` before each forward."""
+
+    columns: torch.Tensor | None  # [rows, T] column of each new token; None for a prefill of `rows`
+    rows: torch.Tensor | None  # [n] rows a prefill writes (columns 0..T-1); None for all rows
+    kv_length: int  # columns the attention reads
+
+
+class RaggedLayer(CacheLayerMixin):
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, owner: RaggedKVCache):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        _, heads, _, head_dim = key_states.shape
+        shape = (self.owner.num_rows, heads, self.owner.capacity, head_dim)
+        self.keys = key_states.new_zeros(shape)  # [rows, kv_heads, capacity, head_dim]
+        self.values = value_states.new_zeros((*shape[:3], value_states.shape[-1]))
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # key_states: [rows or n, kv_heads, T, head_dim]
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        plan = self.owner.plan
+        assert self.keys is not None and self.values is not None
+        if plan.columns is None:
+            # Prefill of fresh rows: they start at column 0 and attend only to themselves.
+            width = key_states.shape[2]
+            self.keys[plan.rows, :, :width] = key_states
+            self.values[plan.rows, :, :width] = value_states
+            return key_states, value_states
+        rows, heads, width, _ = key_states.shape
+        index = plan.columns[:, None, :, None]  # [rows, 1, T, 1]
+        self.keys.scatter_(2, index.expand(rows, heads, width, self.keys.shape[-1]), key_states)
+        self.values.scatter_(2, index.expand(rows, heads, width, self.values.shape[-1]), value_states)
+        return self.keys[:, :, : plan.kv_length], self.values[:, :, : plan.kv_length]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.plan.kv_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.plan.kv_length
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+    def resize(self, num_rows: int, capacity: int, keep_rows: torch.Tensor | None) -> None:
+        """Keep `keep_rows` (in that order) in the first rows and grow to `num_rows` x `capacity`."""
+        if not self.is_initialized:
+            return
+        assert self.keys is not None and self.values is not None
+        old_keys, old_values = self.keys, self.values
+        if keep_rows is not None:
+            old_keys, old_values = old_keys.index_select(0, keep_rows), old_values.index_select(0, keep_rows)
+        kept, heads, old_capacity, _ = old_keys.shape
+        if (kept, old_capacity) == (num_rows, capacity):
+            self.keys, self.values = old_keys, old_values
+            return
+        self.keys = old_keys.new_zeros((num_rows, heads, capacity, old_keys.shape[-1]))
+        self.values = old_values.new_zeros((num_rows, heads, capacity, old_values.shape[-1]))
+        width = min(old_capacity, capacity)
+        self.keys[:kept, :, :width] = old_keys[:, :, :width]
+        self.values[:kept, :, :width] = old_values[:, :, :width]
+
+
+class RaggedKVCache(Cache):
+    """Per-row-length KV cache for one model. Row lengths live with the caller (the engine's batch)."""
+
+    def __init__(self, num_layers: int, num_rows: int, capacity: int):
+        self.num_rows = num_rows
+        self.capacity = capacity
+        self.plan = WritePlan(columns=None, rows=None, kv_length=0)
+        super().__init__(layers=[RaggedLayer(self) for _ in range(num_layers)])
+
+    def plan_prefill(self, rows: torch.Tensor, width: int) -> None:
+        """The next forward writes `width` tokens into fresh `rows`, from column 0."""
+        self.plan = WritePlan(columns=None, rows=rows, kv_length=width)
+
+    def plan_step(self, columns: torch.Tensor, kv_length: int) -> None:
+        """The next forward writes row b's token t at `columns[b, t]`; attention reads `kv_length` columns."""
+        self.plan = WritePlan(columns=columns, rows=None, kv_length=kv_length)
+
+    def resize(self, num_rows: int, capacity: int, keep_rows: torch.Tensor | None = None) -> None:
+        for layer in self.layers:
+            assert isinstance(layer, RaggedLayer)
+            layer.resize(num_rows, capacity, keep_rows)
+        self.num_rows, self.capacity = num_rows, capacity

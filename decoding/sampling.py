@@ -1,0 +1,132 @@
+"""From logits to probabilities and tokens, per row, without a host sync.
+
+Randomness is counter-based: the uniform a row draws for a purpose (draft sample, acceptance test,
+target sample) at a sequence position is a hash of (request seed, position, purpose). A request's
+draws therefore do not depend on which batch it shares or on the order of kernel launches, and a
+request retried on another worker with the same seed and the same k schedule draws the same numbers.
+Each position's numbers decide that position once; numbers drawn for discarded draft positions are
+reused for the position's final decision, which is sound because nothing kept depended on them.
+
+Tokens are sampled by inverse CDF (one uniform per token: `searchsorted` over the cumulative
+probabilities), which needs no `torch.multinomial` (a host sync on CUDA) and no vocabulary-sized
+noise; tokens of probability zero are never chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+_MASK16 = 0xFFFF
+_MASK32 = 0xFFFFFFFF
+
+
+class Stream(IntEnum):
+    """What a uniform is for; each purpose gets independent numbers at the same position."""
+
+    DRAFT = 1  # sampling a draft token
+    ACCEPT = 2  # the acceptance test of a draft token
+    TARGET = 3  # sampling a recovered, bonus or plain (non-speculative) token
+
+
+def _mul32(x: torch.Tensor, factor: int) -> torch.Tensor:
+    # (x * factor) mod 2**32 in 16-bit halves, so no int64 product overflows.
+    low = (x & _MASK16) * factor
+    high = (((x >> 16) * factor) & _MASK16) << 16
+    return (low + high) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """Chris Wellons' `lowbias32` integer hash: a bijection on 32-bit values with good avalanche."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """Uniforms in (0, 1), one per (row, position): `seeds` [rows] int64, `positions` [rows, T] int64."""
+    key = _mix32((seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ _mix32(torch.full_like(seeds, stream))))
+    bits = _mix32(_mix32(key[:, None] ^ (positions & _MASK32)) ^ 0x5BD1E995)  # [rows, T]
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """Per-row sampling settings on the device, plus host flags that pick the cheap paths."""
+
+    temperature: torch.Tensor  # [rows] float32; 1.0 where greedy (unused there)
+    top_p: torch.Tensor  # [rows] float32
+    top_k: torch.Tensor  # [rows] int64, 0: off
+    greedy: torch.Tensor  # [rows] bool
+    seeds: torch.Tensor  # [rows] int64
+    all_greedy: bool
+    any_greedy: bool
+    any_truncation: bool  # some sampled row uses top-p or top-k
+
+    @classmethod
+    def build(
+        cls,
+        temperature: list[float],
+        top_p: list[float],
+        top_k: list[int],
+        seeds: list[int],
+        device: torch.device,
+    ) -> SamplingTensors:
+        greedy = [t == 0.0 for t in temperature]
+        return cls(
+            temperature=torch.tensor(
+                [1.0 if g else t for g, t in zip(greedy, temperature, strict=True)],
+                dtype=torch.float32,
+                device=device,
+            ),
+            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            seeds=torch.tensor(seeds, dtype=torch.int64, device=device),
+            all_greedy=all(greedy),
+            any_greedy=any(greedy),
+            any_truncation=any(not g and (p < 1.0 or k > 0) for g, p, k in zip(greedy, top_p, top_k, strict=True)),
+        )
+
+
+def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k and top-p (nucleus) set; at least one token survives."""
+    # logits: [rows, T, V]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [rows, T, V]
+    vocab = logits.shape[-1]
+    rank = torch.arange(vocab, device=logits.device)
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)[:, None, None]  # [rows, 1, 1]
+    drop = rank >= k  # [rows, 1, V] broadcast over T
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [rows, T, V]
+    nucleus = top_p[:, None, None]
+    drop = drop | ((mass_before >= nucleus) & (nucleus < 1.0))
+    drop[..., 0] = False
+    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+def logits_to_probs(logits: torch.Tensor, sampling: SamplingTensors) -> torch.Tensor:
+    """Temperature, then top-k and top-p, then softmax; greedy rows become one-hot on their argmax."""
+    # logits: [rows, T, V] (any float dtype) -> probs [rows, T, V] float32
+    logits = logits.float()
+    scaled = logits / sampling.temperature[:, None, None]
+    if sampling.any_truncation:
+        scaled = _truncate(scaled, sampling.top_k, sampling.top_p)
+    probs = scaled.softmax(dim=-1)
+    if sampling.any_greedy:
+        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(sampling.greedy[:, None, None], one_hot, probs)
+    return probs
+
+
+def sample_from_probs(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sample of each row of (unnormalised, non-negative) `weights` [..., V] with `uniforms` [...]."""
+    cdf = weights.cumsum(dim=-1)  # [..., V]
+    threshold = uniforms.unsqueeze(-1) * cdf[..., -1:]  # [..., 1]
+    token = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
+    return token.clamp_(max=weights.shape[-1] - 1)
