@@ -345,18 +345,18 @@ class SpeculativeEngine:
     # -- one step -----------------------------------------------------------------------------------
     def _step(self, batch: _Batch) -> Iterator[GenerationResult]:
         live = batch.live_rows()
-        limit = min(
-            int((self.max_context - batch.seq_h[live]).min()),  # positions the verification may write
-            int((batch.max_tokens_h[live] - batch.generated_h[live]).max()) - 1,  # tokens still wanted
-        )
-        k = self.policy.choose(batch.rows, limit)
+        # A row takes at most one draft token fewer than it still wants, and none past the context.
+        row_limits = np.minimum(batch.max_tokens_h - batch.generated_h - 1, self.max_context - batch.seq_h)
+        k = self.policy.choose(batch.rows, int(row_limits[live].max()))
         watch = _Stopwatch(self.device)
         draft_token_ids, draft_probs = self._propose(batch, k) if k else (None, None)
         watch.mark()
         target_logits = self._verify(batch, draft_token_ids)
         watch.mark()
-        output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits)
-        report = self._advance(batch, output_token_ids, num_accepted, k)  # the one host sync
+        room = batch.max_tokens - (batch.seq_lens - batch.prompt_lens)  # [rows] tokens still allowed
+        num_draft = torch.minimum(room - 1, self.max_context - batch.seq_lens).clamp_(0, k) * batch.active  # [rows]
+        output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits, num_draft)
+        report = self._advance(batch, output_token_ids, num_accepted, num_draft, k)  # the one host sync
         watch.mark()
         t_draft, t_target, t_rest = watch.seconds()
         self.policy.observe_step(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
@@ -411,6 +411,7 @@ class SpeculativeEngine:
         draft_token_ids: torch.Tensor | None,
         draft_probs: torch.Tensor | None,
         target_logits: torch.Tensor,
+        num_draft: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Output token ids [rows, k + 1] (row b's output is its first num_accepted[b] + 1) and num_accepted [rows]."""
         sampling = batch.sampling
@@ -418,7 +419,7 @@ class SpeculativeEngine:
             target_argmax = target_logits.argmax(dim=-1)  # [rows, k + 1]
             if draft_token_ids is None:
                 return target_argmax, torch.zeros_like(batch.seq_lens)
-            return greedy_accept(draft_token_ids, target_argmax)
+            return greedy_accept(draft_token_ids, target_argmax, num_draft)
         width = target_logits.shape[1]
         positions = batch.seq_lens.unsqueeze(1) + torch.arange(width, device=self.device)  # [rows, k + 1]
         target_probs = logits_to_probs(target_logits, sampling)  # [rows, k + 1, V]
@@ -431,12 +432,14 @@ class SpeculativeEngine:
         if self.config.strict:
             _check_probs(draft_probs)
         accept_uniforms = counter_uniforms(sampling.seeds, positions[:, :-1], Stream.ACCEPT)
-        return rejection_sample(draft_token_ids, draft_probs, target_probs, accept_uniforms, target_uniforms)
+        return rejection_sample(draft_token_ids, draft_probs, target_probs, accept_uniforms, target_uniforms, num_draft)
 
-    def _advance(self, batch: _Batch, output_token_ids: torch.Tensor, num_accepted: torch.Tensor, k: int) -> np.ndarray:
+    def _advance(
+        self, batch: _Batch, output_token_ids: torch.Tensor, num_accepted: torch.Tensor, num_draft: torch.Tensor, k: int
+    ) -> np.ndarray:
         """Append each row's output, roll both caches back per row, and find rows that ended.
 
-        Returns the host copy of [rows, 4 + k + 1]: emitted, kept, finish code, accepted, output ids.
+        Returns the host copy of [rows, 5 + k + 1]: emitted, kept, finish code, accepted, draft tokens, output ids.
         """
         width = k + 1
         positions = torch.arange(width, device=self.device)
@@ -459,7 +462,7 @@ class SpeculativeEngine:
         batch.draft_lens = torch.minimum(batch.draft_lens, batch.seq_lens - 1)
         report = (
             torch.cat(
-                [torch.stack([emitted, kept, finish, num_accepted * batch.active], dim=1), output_token_ids],
+                [torch.stack([emitted, kept, finish, num_accepted * batch.active, num_draft], dim=1), output_token_ids],
                 dim=1,
             )
             .cpu()
@@ -470,15 +473,15 @@ class SpeculativeEngine:
         return report
 
     def _finish(self, batch: _Batch, live: np.ndarray, k: int, report: np.ndarray) -> Iterator[GenerationResult]:
-        kept, finish, accepted = report[:, 1], report[:, 2], report[:, 3]
+        kept, finish, accepted, drafted = report[:, 1], report[:, 2], report[:, 3], report[:, 4]
         batch.generated_h[live] += kept[live]
-        batch.draft_tokens_h[live] += k
+        batch.draft_tokens_h[live] += drafted[live]
         batch.accepted_h[live] += accepted[live]
-        self.policy.observe_acceptance(k, accepted[live])
+        self.policy.observe_acceptance(accepted[live], drafted[live])
         self.stats.num_steps += 1
         if k:
-            self.stats.num_drafts += live.size
-            self.stats.num_draft_tokens += k * live.size
+            self.stats.num_drafts += int((drafted[live] > 0).sum())
+            self.stats.num_draft_tokens += int(drafted[live].sum())
             self.stats.num_accepted_tokens += int(accepted[live].sum())
             for i in range(k):
                 self.stats.accepted_per_position[i] += int((accepted[live] > i).sum())
@@ -488,7 +491,7 @@ class SpeculativeEngine:
             slot = batch.slots[row]
             assert slot is not None
             if slot.stops is not None:
-                tokens = report[row, 4 : 4 + kept[row]].tolist()
+                tokens = report[row, 5 : 5 + kept[row]].tolist()
                 cut = slot.stops.feed(tokens)
                 if cut is not None:
                     finished[int(row)] = ("stop", cut)
@@ -545,7 +548,9 @@ class SpeculativeEngine:
         kwargs = {_cache_kwarg(model): cache, "use_cache": True}
         if not logits and _accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = 1
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=columns, **kwargs).logits
+        # Padding past a row's context gets a clamped position; its outputs are never used.
+        positions = columns.clamp(max=self.max_context - 1)
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
         if model is self.draft:
             self.stats.draft_forwards += 1
         else:

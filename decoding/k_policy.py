@@ -53,12 +53,14 @@ class SpeculationPolicy:
         self.t_target[rows][k + 1].add(t_target)
         self.t_overhead[rows].add(max(t_total - t_draft - t_target, 0.0))
 
-    def observe_acceptance(self, k: int, num_accepted: np.ndarray) -> None:
-        """num_accepted: [rows] accepted draft tokens of each row this step (k proposed)."""
-        if k == 0 or num_accepted.size == 0:
+    def observe_acceptance(self, num_accepted: np.ndarray, num_draft: np.ndarray) -> None:
+        """num_accepted, num_draft: [rows] draft tokens each row accepted and was offered this step."""
+        k = int(num_draft.max()) if num_draft.size else 0
+        if k == 0:
             return
         positions = np.arange(k)
-        reached = (num_accepted[:, None] >= positions).sum(axis=0)  # rows that got to position j
+        offered = num_draft[:, None] > positions  # [rows, k]
+        reached = ((num_accepted[:, None] >= positions) & offered).sum(axis=0)  # rows that got to position j
         accepted = (num_accepted[:, None] > positions).sum(axis=0)
         self.reached *= _ACCEPT_DECAY
         self.accepted *= _ACCEPT_DECAY

@@ -24,11 +24,14 @@ def rejection_sample(
     target_probs: torch.Tensor,
     accept_uniforms: torch.Tensor,
     target_uniforms: torch.Tensor,
+    num_draft: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (output_token_ids [rows, k + 1], num_accepted [rows]).
 
     draft_token_ids [rows, k], draft_probs [rows, k, V], target_probs [rows, k + 1, V],
-    accept_uniforms [rows, k] and target_uniforms [rows, k + 1] in (0, 1).
+    accept_uniforms [rows, k] and target_uniforms [rows, k + 1] in (0, 1). Row b takes only its
+    first `num_draft[b] <= k` draft tokens (fewer where it needs fewer tokens), so that it decodes
+    exactly as it would in a batch of its own.
     Row b's output is `output_token_ids[b, : num_accepted[b] + 1]`; later entries are padding.
     """
     rows, k = draft_token_ids.shape
@@ -40,7 +43,9 @@ def rejection_sample(
     draft_token_probs = draft_probs.gather(-1, index).squeeze(-1)  # [rows, k]
     target_token_probs = target_probs[:, :k].gather(-1, index).squeeze(-1)  # [rows, k]
     # u <= target / draft, written without the division (draft_token_probs > 0 for a sampled token)
-    accepted = accept_uniforms * draft_token_probs <= target_token_probs  # [rows, k]
+    positions = torch.arange(k + 1, device=draft_token_ids.device)
+    proposed = positions[:k] < num_draft.unsqueeze(1)  # [rows, k]
+    accepted = (accept_uniforms * draft_token_probs <= target_token_probs) & proposed  # [rows, k]
     num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [rows]
 
     # The one distribution each row samples from: the residual at its first rejection, or, after k
@@ -48,14 +53,14 @@ def rejection_sample(
     at = num_accepted.view(rows, 1, 1).expand(rows, 1, vocab)  # [rows, 1, V]
     target_at = target_probs.gather(1, at).squeeze(1)  # [rows, V]
     padded_draft_probs = torch.nn.functional.pad(draft_probs, (0, 0, 0, 1))  # [rows, k + 1, V]
-    residual = (target_at - padded_draft_probs.gather(1, at).squeeze(1)).clamp_min_(0.0)  # [rows, V]
+    draft_at = padded_draft_probs.gather(1, at).squeeze(1) * (num_accepted < num_draft).unsqueeze(1)  # [rows, V]
+    residual = (target_at - draft_at).clamp_min_(0.0)  # [rows, V]
     # A zero residual means target == draft there, where a rejection has probability zero; it can only
     # come from rounding, and then the target distribution is the right fallback.
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_at)
     uniform_at = target_uniforms.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [rows]
     recovered_or_bonus = sample_from_probs(residual, uniform_at)  # [rows]
 
-    positions = torch.arange(k + 1, device=draft_token_ids.device)
     padded_drafts = torch.nn.functional.pad(draft_token_ids, (0, 1))  # [rows, k + 1]
     output_token_ids = torch.where(
         positions < num_accepted.unsqueeze(1), padded_drafts, recovered_or_bonus.unsqueeze(1)
@@ -63,13 +68,17 @@ def rejection_sample(
     return output_token_ids, num_accepted
 
 
-def greedy_accept(draft_token_ids: torch.Tensor, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_accept(
+    draft_token_ids: torch.Tensor, target_argmax: torch.Tensor, num_draft: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature 0: accept while the target's argmax equals the draft token.
 
-    draft_token_ids [rows, k], target_argmax [rows, k + 1]. The output is the target's own greedy
-    tokens, `target_argmax[b, : num_accepted[b] + 1]` (accepted tokens equal them by definition).
+    draft_token_ids [rows, k], target_argmax [rows, k + 1], num_draft [rows] as in `rejection_sample`.
+    The output is the target's own greedy tokens, `target_argmax[b, : num_accepted[b] + 1]`
+    (accepted tokens equal them by definition).
     """
     k = draft_token_ids.shape[1]
-    matches = draft_token_ids == target_argmax[:, :k]  # [rows, k]
+    proposed = torch.arange(k, device=draft_token_ids.device) < num_draft.unsqueeze(1)  # [rows, k]
+    matches = (draft_token_ids == target_argmax[:, :k]) & proposed  # [rows, k]
     num_accepted = matches.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [rows]
     return target_argmax, num_accepted

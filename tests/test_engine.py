@@ -1,0 +1,230 @@
+"""The engine end to end on tiny random models: greedy identity, endings, edge cases, batching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from tests.tiny_models import BOS, IdTokenizer, noisy_copy, reference_greedy, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return noisy_copy(target, scale=0.002)  # partial agreement: rollbacks happen every few tokens
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    generator = torch.Generator().manual_seed(7)
+    lengths = [1, 2, 5, 9, 13, 3, 17, 6, 11]  # ragged on purpose
+    return [torch.randint(2, 64, (n,), generator=generator).tolist() for n in lengths]
+
+
+def _greedy_requests(prompts, max_tokens=24):
+    return [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _run(target, draft, requests, **config):
+    config.setdefault("strict", True)
+    engine = SpeculativeEngine(target, IdTokenizer(), draft, DecodingConfig(**config))
+    return {r.key: r for r in engine.generate(requests)}, engine
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch_size", [1, 3, 9])
+def test_greedy_speculative_equals_target_greedy(target, draft, prompts, k, batch_size):
+    results, engine = _run(
+        target, draft, _greedy_requests(prompts), num_speculative_tokens=k, batch_size=batch_size, fixed_k=True
+    )
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 24), f"prompt {i}"
+    # the draft is neither useless nor perfect here, so per-row rollbacks were exercised
+    assert 0.15 < engine.stats.acceptance_rate < 0.98
+
+
+def test_greedy_with_adaptive_k_equals_target_greedy(target, draft, prompts):
+    results, _ = _run(target, draft, _greedy_requests(prompts), num_speculative_tokens=5, batch_size=4)
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 24)
+
+
+def test_target_only_equals_target_greedy(target, prompts):
+    results, engine = _run(target, None, _greedy_requests(prompts), batch_size=4)
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 24)
+    assert engine.stats.num_draft_tokens == 0 and engine.stats.draft_forwards == 0
+
+
+def test_draft_equal_to_target_accepts_everything(target, prompts):
+    results, engine = _run(target, target, _greedy_requests(prompts), num_speculative_tokens=4, fixed_k=True)
+    assert engine.stats.acceptance_rate == 1.0
+    per_position = engine.stats.accepted_per_position
+    assert per_position[0] == engine.stats.num_drafts  # k shrinks near max_tokens, so later positions see fewer
+    assert sum(per_position) == engine.stats.num_accepted_tokens == engine.stats.num_draft_tokens
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 24)
+
+
+def test_sampled_draft_equal_to_target_accepts_everything(target, prompts):
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=16, temperature=1.0, seed=i))
+        for i, p in enumerate(prompts)
+    ]
+    _, engine = _run(target, target, requests, num_speculative_tokens=3, fixed_k=True)
+    assert engine.stats.acceptance_rate == 1.0
+
+
+def test_batched_equals_one_by_one_when_sampling(target, draft, prompts):
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=100 + i))
+        for i, p in enumerate(prompts)
+    ]
+    batched, _ = _run(target, draft, requests, num_speculative_tokens=3, batch_size=5, fixed_k=True)
+    for request in requests:
+        alone, _ = _run(target, draft, [request], num_speculative_tokens=3, batch_size=1, fixed_k=True)
+        assert alone[request.key].token_ids == batched[request.key].token_ids
+
+
+def test_per_sequence_endings_in_one_batch(target, draft, prompts):
+    """EOS, max_tokens and stop strings end rows independently inside one batch."""
+    eos_prompt = prompts[2]
+    natural = reference_greedy(target, eos_prompt, 12, eos=None)
+    eos_token = natural[4]  # make the 5th greedy token of this prompt the EOS
+    stop_after = natural[2]
+    requests = [
+        GenerationRequest(0, tuple(eos_prompt), SamplingParams(max_tokens=12, temperature=0.0)),
+        GenerationRequest(1, tuple(prompts[3]), SamplingParams(max_tokens=3, temperature=0.0)),
+        GenerationRequest(2, tuple(prompts[4]), SamplingParams(max_tokens=20, temperature=0.0)),
+        GenerationRequest(
+            3, tuple(eos_prompt), SamplingParams(max_tokens=12, temperature=0.0, stop=(f"<{stop_after}>",))
+        ),
+    ]
+    engine = SpeculativeEngine(
+        target, _TokenizerWithEos(eos_token), draft, DecodingConfig(num_speculative_tokens=4, fixed_k=True, strict=True)
+    )
+    results = {r.key: r for r in engine.generate(requests)}
+    assert results[0].token_ids == natural[: natural.index(eos_token)]
+    assert results[0].finish_reason == "stop"
+    for key, prompt, max_tokens in ((1, prompts[3], 3), (2, prompts[4], 20)):
+        expected = reference_greedy(target, prompt, max_tokens, eos=eos_token)
+        assert results[key].token_ids == expected
+        assert results[key].finish_reason == ("length" if len(expected) == max_tokens else "stop")
+    cut = natural.index(stop_after)
+    assert results[3].token_ids == natural[:cut] and results[3].finish_reason == "stop"
+    assert results[3].text == "".join(f"<{t}>" for t in natural[:cut])
+
+
+class _TokenizerWithEos(IdTokenizer):
+    def __init__(self, eos: int):
+        self.eos_token_id = eos
+
+
+def test_eos_inside_the_draft(target, prompts):
+    """With draft == target every draft token is accepted, so the EOS arrives mid-draft."""
+    natural = reference_greedy(target, prompts[5], 16, eos=None)
+    eos_token = natural[6]
+    engine = SpeculativeEngine(
+        target, _TokenizerWithEos(eos_token), target, DecodingConfig(num_speculative_tokens=8, fixed_k=True)
+    )
+    (result,) = engine.generate([GenerationRequest(0, tuple(prompts[5]), SamplingParams(max_tokens=16, temperature=0))])
+    assert result.token_ids == natural[: natural.index(eos_token)]
+    assert result.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3])
+def test_k_larger_than_tokens_left(target, draft, prompts, max_tokens):
+    results, _ = _run(target, draft, _greedy_requests(prompts[:3], max_tokens), num_speculative_tokens=8, fixed_k=True)
+    for i, prompt in enumerate(prompts[:3]):
+        expected = reference_greedy(target, prompt, max_tokens)
+        assert results[i].token_ids == expected
+        assert results[i].completion_tokens == len(expected) <= max_tokens
+
+
+def test_empty_prompt_starts_from_bos(target, draft):
+    results, _ = _run(target, draft, [GenerationRequest(0, (), SamplingParams(max_tokens=8, temperature=0))])
+    assert results[0].error is None
+    assert results[0].token_ids == reference_greedy(target, [BOS], 8)
+
+
+def test_overlong_prompt_fails_alone(target, draft, prompts):
+    requests = [
+        GenerationRequest(0, tuple(prompts[0]), SamplingParams(max_tokens=8, temperature=0)),
+        GenerationRequest(1, tuple([5] * 250), SamplingParams(max_tokens=10, temperature=0)),  # context is 256
+        GenerationRequest(2, tuple(prompts[1]), SamplingParams(max_tokens=8, temperature=0)),
+    ]
+    results, _ = _run(target, draft, requests)
+    assert "exceeds the model's context of 256 tokens" in results[1].error
+    assert results[1].finish_reason is None and results[1].token_ids == []
+    assert results[0].token_ids == reference_greedy(target, prompts[0], 8)
+    assert results[2].token_ids == reference_greedy(target, prompts[1], 8)
+
+
+def test_generation_up_to_the_context_limit(target, draft):
+    prompt = [7] * 200
+    results, _ = _run(
+        target,
+        draft,
+        [GenerationRequest(0, tuple(prompt), SamplingParams(max_tokens=56, temperature=0))],
+        num_speculative_tokens=8,
+        fixed_k=True,
+    )
+    assert results[0].token_ids == reference_greedy(target, prompt, 56)
+
+
+def test_ties_break_like_the_target():
+    """Two identical lm_head rows make exact logit ties; argmax takes the lower id, as HF greedy does."""
+    target = tiny_llama(seed=3)
+    with torch.no_grad():
+        target.lm_head.weight[11] = target.lm_head.weight[10]
+        target.lm_head.weight[12] = target.lm_head.weight[10]
+    draft = noisy_copy(target, 0.02)
+    prompt = [10, 11, 12, 10, 11]
+    results, _ = _run(
+        target, draft, [GenerationRequest(0, tuple(prompt), SamplingParams(max_tokens=20, temperature=0))]
+    )
+    expected = reference_greedy(target, prompt, 20)
+    assert results[0].token_ids == expected
+    assert 11 not in expected and 12 not in expected
+
+
+def test_many_requests_stream_through_a_small_batch(target, draft):
+    """Continuous batching: 40 requests through 4 slots, results for all, counters per request."""
+    generator = torch.Generator().manual_seed(11)
+    prompts = [
+        torch.randint(2, 64, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 12, (40,), generator=generator)
+    ]
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=1 + i % 9, temperature=0.0))
+        for i, p in enumerate(prompts)
+    ]
+    results, engine = _run(target, draft, requests, batch_size=4, num_speculative_tokens=3, fixed_k=True)
+    assert sorted(results) == list(range(40))
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 1 + i % 9)
+    assert sum(r.draft_tokens for r in results.values()) == engine.stats.num_draft_tokens
+    assert sum(r.accepted_tokens for r in results.values()) == engine.stats.num_accepted_tokens
+
+
+def test_generate_pulls_requests_lazily(target):
+    pulled = []
+
+    def requests():
+        for i in range(10):
+            pulled.append(i)
+            yield GenerationRequest(i, (3, 4, 5), SamplingParams(max_tokens=2, temperature=0))
+
+    engine = SpeculativeEngine(target, IdTokenizer(), None, DecodingConfig(batch_size=2))
+    stream = engine.generate(requests())
+    next(stream)
+    assert len(pulled) <= 3
+    assert len(list(stream)) == 9
