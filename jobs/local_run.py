@@ -1,0 +1,122 @@
+"""`specq run`: generate for a JSONL file in this process, no queue and no database.
+
+The file is validated whole first (nothing is generated for a file with bad lines), then streamed
+through the engine: requests are tokenized as the engine pulls them, and results are written in
+input order as soon as every earlier line is written, so memory stays flat in the file's length.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from decoding.config import DecodingConfig
+from decoding.stats import EngineStats
+from decoding.types import GenerationRequest, GenerationResult
+from jobs.inputs import RequestSpec, iter_request_specs, validate_file
+from jobs.outputs import result_record
+from jobs.params import sampling_params
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    total: int
+    completed: int = 0
+    failed: int = 0
+    stats: EngineStats = field(default_factory=EngineStats)
+
+
+Progress = Callable[[int, EngineStats], None]  # (requests written so far, engine counters)
+
+
+def run_file(
+    input_path: str,
+    output: IO[str],
+    *,
+    target: str,
+    draft: str | None,
+    decoding: DecodingConfig,
+    sampling: dict[str, Any],
+    device: str | None,
+    dtype: str | None,
+    on_start: Callable[[int], None] = lambda total: None,
+    on_progress: Progress = lambda done, stats: None,
+) -> RunSummary:
+    """Generate for every line of `input_path` and write one JSON line per request to `output`."""
+    from models.loading import load_pair, resolve_device
+
+    total = validate_file(input_path)
+    on_start(total)
+    pair = load_pair(target, draft, resolve_device(device), dtype)
+    from decoding.engine import SpeculativeEngine
+
+    engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)
+    summary = RunSummary(total=total, stats=engine.stats)
+    ids: dict[int, str] = {}  # key -> request id, for lines not yet written
+    early_failures: dict[int, GenerationResult] = {}
+
+    def requests() -> Iterator[GenerationRequest]:
+        for key, spec in enumerate(iter_request_specs(input_path)):
+            ids[key] = spec.id
+            request = _prepare(key, spec, pair.tokenizer, sampling)
+            if isinstance(request, GenerationResult):
+                early_failures[key] = request
+            else:
+                yield request
+
+    waiting: dict[int, GenerationResult] = {}
+    next_key = 0
+
+    def flush() -> None:
+        nonlocal next_key
+        while True:
+            result = waiting.pop(next_key, None) or early_failures.pop(next_key, None)
+            if result is None:
+                return
+            output.write(json.dumps(result_record({"id": ids.pop(next_key)}, result, with_tokens=True)) + "\n")
+            if result.error is None:
+                summary.completed += 1
+            else:
+                summary.failed += 1
+                log.info("request %s failed: %s", result.key, result.error)
+            next_key += 1
+
+    for result in engine.generate(requests()):
+        waiting[result.key] = result
+        flush()
+        on_progress(next_key, engine.stats)
+    flush()  # failures after the last generated request
+    on_progress(next_key, engine.stats)
+    summary.stats = engine.stats
+    return summary
+
+
+def _prepare(key: int, spec: RequestSpec, tokenizer, defaults: dict[str, Any]) -> GenerationRequest | GenerationResult:
+    """The engine request for one line; a line that cannot be prepared fails alone."""
+    from models.loading import tokenize_prompt
+
+    try:
+        params = sampling_params(defaults, spec.overrides)
+        prompt_ids = tokenize_prompt(tokenizer, prompt=spec.prompt, messages=spec.messages)
+    except Exception as exc:  # a chat template that fails to render, say
+        return GenerationResult(
+            key=key,
+            token_ids=[],
+            text="",
+            finish_reason=None,
+            prompt_tokens=0,
+            completion_tokens=0,
+            error=f"cannot prepare the request: {exc}",
+        )
+    return GenerationRequest(key, tuple(prompt_ids), params)
+
+
+def default_output_path(input_path: str) -> Path:
+    path = Path(input_path)
+    return path.with_name(path.stem + ".out.jsonl")

@@ -1,0 +1,172 @@
+"""Loading the target and draft models and their tokenizer, and turning requests into token ids.
+
+Loading is pure: every call reads from disk (or the Hugging Face cache) again. Keeping models alive
+between jobs is the worker's business, with a cache it can bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from specq.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+# Accepted spellings of --dtype, mapped to torch attribute names.
+_DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+
+
+def resolve_device(device: str | None) -> str:
+    """The torch device for --device; None means the first GPU if there is one, else the CPU."""
+    import torch
+
+    return device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device: str | None) -> str:
+    """The torch device to use: `device` if given, else "cuda" when a GPU is visible, else "cpu"."""
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
+    """The torch dtype for a --dtype spelling; None means fp32 on CPU and bf16 on CUDA."""
+    import torch
+
+    if dtype is None:
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    name = _DTYPE_NAMES.get(dtype.lower())
+    if name is None:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPE_NAMES)}")
+    return getattr(torch, name)
+
+
+def _reason(exc: BaseException) -> str:
+    # Hugging Face errors run to several lines with hub advice; the first line says what went wrong.
+    lines = str(exc).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a Hugging Face id or local folder; ModelLoadError if it cannot be loaded."""
+    from transformers import AutoTokenizer
+
+    logger.info("loading tokenizer %s", name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    # from_pretrained fails in many ways (OSError, ValueError, KeyError, JSON errors); all mean the same.
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {name_or_path!r} ({_reason(exc)})") from exc
+
+
+def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None) -> PreTrainedModel:
+    """A causal LM in eval mode on `device`, with SDPA attention; ModelLoadError if it cannot be loaded."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = resolve_dtype(dtype, device)
+    logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
+    try:
+        # transformers 5 takes `dtype=`; `torch_dtype=` is deprecated there.
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, attn_implementation="sdpa")
+        model = model.to(device)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the model {name_or_path!r} ({_reason(exc)})") from exc
+    return model.eval()
+
+
+@dataclass
+class ModelPair:
+    """The target, the optional draft, and the one tokenizer they share."""
+
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    tokenizer: PreTrainedTokenizerBase
+    target_name: str
+    draft_name: str | None
+
+
+def check_same_vocab(
+    target_tokenizer: PreTrainedTokenizerBase,
+    draft_tokenizer: PreTrainedTokenizerBase,
+    target_name: str,
+    draft_name: str,
+) -> None:
+    """ModelLoadError unless both tokenizers map the same strings to the same ids.
+
+    The models' `config.vocab_size` may still differ (embedding tables padded to a multiple of 64 or
+    128); the engine compares logits over the tokenizer's ids only.
+    """
+    target_vocab = target_tokenizer.get_vocab()
+    draft_vocab = draft_tokenizer.get_vocab()
+    if target_vocab == draft_vocab:
+        return
+    differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
+    raise ModelLoadError(
+        f"the draft {draft_name!r} does not share the vocabulary of the target {target_name!r} "
+        f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ)"
+    )
+
+
+def load_pair(
+    target: str, draft: str | None = None, device: str = "cpu", dtype: str | None = None
+) -> ModelPair:
+    """Load the target, the draft and the target's tokenizer; fail early if they do not fit together.
+
+    Tokenizers are compared before any weights are read, so a mismatched pair costs seconds, not minutes.
+    """
+    tokenizer = load_tokenizer(target)
+    if draft is not None:
+        check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+    target_model = load_model(target, device, dtype)
+    draft_model = load_model(draft, device, dtype) if draft is not None else None
+    for name, model in ((target, target_model), (draft, draft_model)):
+        if model is not None and model.config.vocab_size < len(tokenizer):
+            raise ModelLoadError(
+                f"the model {name!r} has {model.config.vocab_size} output logits, fewer than the "
+                f"{len(tokenizer)} tokens of its tokenizer"
+            )
+    return ModelPair(
+        target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft
+    )
+
+
+def tokenize_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of a plain prompt (with the tokenizer's usual special tokens, e.g. BOS) or of chat
+    messages rendered with the tokenizer's chat template and an open assistant turn."""
+    if (prompt is None) == (messages is None):
+        raise ValueError("give exactly one of prompt and messages")
+    if prompt is not None:
+        return [int(i) for i in tokenizer(prompt)["input_ids"]]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(
+            f"the tokenizer of {tokenizer.name_or_path!r} has no chat template, so chat messages "
+            "cannot be rendered; send a plain prompt instead"
+        )
+    # transformers 5 returns a BatchEncoding unless return_dict=False; accept either shape.
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
