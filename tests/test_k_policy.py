@@ -1,0 +1,49 @@
+"""The adaptive-k policy: it speculates where verification is cheap and stops where it is not."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from decoding.k_policy import SpeculationPolicy
+
+
+def _drive(policy: SpeculationPolicy, rows: int, t_draft: float, t_target, acceptance: float, steps: int = 200):
+    rng = np.random.default_rng(0)
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose(rows, limit=8)
+        chosen.append(k)
+        policy.observe_step(rows, k, k * t_draft, t_target(k + 1), k * t_draft + t_target(k + 1))
+        if k:
+            accepted = np.minimum(rng.geometric(1 - acceptance, size=rows) - 1, k)
+            policy.observe_acceptance(accepted, np.full(rows, k))
+    return chosen
+
+
+def test_speculates_fully_when_verification_is_flat_and_acceptance_high():
+    policy = SpeculationPolicy(4, fixed=False)
+    chosen = _drive(policy, rows=1, t_draft=0.001, t_target=lambda n: 0.010, acceptance=0.8)
+    assert np.mean(chosen[-50:]) > 3.5
+
+
+def test_stops_speculating_when_verification_costs_per_token():
+    # compute-bound target: verifying n tokens costs n single-token steps; no k can pay
+    policy = SpeculationPolicy(4, fixed=False)
+    chosen = _drive(policy, rows=16, t_draft=0.002, t_target=lambda n: 0.010 * n, acceptance=0.6)
+    assert np.mean(np.array(chosen[-50:]) == 0) > 0.85
+
+
+def test_fixed_k_is_fixed_but_respects_the_limit():
+    policy = SpeculationPolicy(4, fixed=True)
+    assert policy.choose(8, limit=8) == 4
+    assert policy.choose(8, limit=2) == 2
+    assert policy.choose(8, limit=0) == 0
+
+
+def test_expected_tokens_uses_per_position_acceptance():
+    policy = SpeculationPolicy(3, fixed=False)
+    for _ in range(2000):
+        policy.observe_acceptance(np.array([3, 1, 0, 2]), np.array([3, 3, 3, 3]))
+    alpha = policy.acceptance()
+    assert np.allclose(alpha, [3 / 4, 2 / 3, 1 / 2], atol=0.02)
+    assert np.isclose(policy.expected_tokens(3), 1 + 0.75 + 0.5 + 0.25, atol=0.03)

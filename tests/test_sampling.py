@@ -1,0 +1,76 @@
+"""Sampling pieces: counter-based uniforms, temperature / top-k / top-p, inverse-CDF sampling."""
+
+from __future__ import annotations
+
+import torch
+from scipy.stats import kstest
+
+from decoding.sampling import SamplingTensors, Stream, counter_uniforms, logits_to_probs, sample_from_probs
+
+
+def _sampling(temperature, top_p, top_k, seeds=None):
+    n = len(temperature)
+    return SamplingTensors.build(temperature, top_p, top_k, seeds or list(range(n)), torch.device("cpu"))
+
+
+def test_counter_uniforms_are_uniform_and_independent_across_seeds_positions_streams():
+    seeds = torch.arange(2000, dtype=torch.int64) * 7919 + 2**40
+    positions = torch.arange(50).expand(2000, 50)
+    u = counter_uniforms(seeds, positions, Stream.DRAFT)
+    assert u.min() > 0 and u.max() < 1
+    assert kstest(u.flatten().numpy(), "uniform").pvalue > 1e-3
+    v = counter_uniforms(seeds, positions, Stream.ACCEPT)
+    assert abs(torch.corrcoef(torch.stack([u.flatten(), v.flatten()]))[0, 1]) < 0.01
+    shifted = counter_uniforms(seeds, positions + 1, Stream.DRAFT)
+    assert torch.equal(u[:, 1:], shifted[:, :-1])  # a function of (seed, position) alone
+    assert not torch.equal(u[0], u[1])
+
+
+def test_counter_uniforms_do_not_depend_on_the_batch():
+    seeds = torch.tensor([5, 2**62 + 3, 17])
+    positions = torch.tensor([[10, 11], [3, 4], [0, 1]])
+    together = counter_uniforms(seeds, positions, Stream.TARGET)
+    alone = counter_uniforms(seeds[1:2], positions[1:2], Stream.TARGET)
+    assert torch.equal(together[1:2], alone)
+
+
+def test_temperature_and_greedy_rows():
+    logits = torch.tensor([[[2.0, 1.0, 0.0]], [[2.0, 1.0, 0.0]], [[0.0, 3.0, 3.0]]])
+    probs = logits_to_probs(logits, _sampling([1.0, 0.5, 0.0], [1.0] * 3, [0] * 3))
+    assert torch.allclose(probs[0, 0], torch.tensor([2.0, 1.0, 0.0]).softmax(-1))
+    assert torch.allclose(probs[1, 0], torch.tensor([4.0, 2.0, 0.0]).softmax(-1))
+    assert probs[2, 0].tolist() == [0.0, 1.0, 0.0]  # greedy: one-hot on the first maximum
+
+
+def test_top_k_and_top_p_match_a_reference():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 3, 50)
+    top_p, top_k = [1.0, 0.7, 1.0, 0.5], [0, 0, 5, 10]
+    probs = logits_to_probs(logits, _sampling([1.0] * 4, top_p, top_k))
+    for row in range(4):
+        for t in range(3):
+            expected = _reference(logits[row, t], top_p[row], top_k[row])
+            assert torch.allclose(probs[row, t], expected, atol=1e-6), (row, t)
+
+
+def _reference(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    order = logits.argsort(descending=True).tolist()
+    keep = order[:top_k] if top_k else order
+    probs = logits[keep].softmax(-1).tolist()
+    kept, mass = [], 0.0
+    for token, p in zip(keep, probs, strict=True):
+        if top_p < 1.0 and mass >= top_p:
+            break
+        kept.append(token)
+        mass += p
+    out = torch.full_like(logits, float("-inf"))
+    out[kept] = logits[kept]
+    return out.softmax(-1)
+
+
+def test_sample_from_probs_follows_the_distribution():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3]).expand(40_000, 4)
+    tokens = sample_from_probs(probs, torch.rand(40_000, generator=torch.Generator().manual_seed(0)))
+    frequencies = torch.bincount(tokens, minlength=4).float() / 40_000
+    assert frequencies[1] == 0
+    assert torch.allclose(frequencies, probs[0], atol=0.01)
