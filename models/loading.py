@@ -37,15 +37,6 @@ def resolve_device(device: str | None) -> str:
     return device or ("cuda:0" if torch.cuda.is_available() else "cpu")
 
 
-def resolve_device(device: str | None) -> str:
-    """The torch device to use: `device` if given, else "cuda" when a GPU is visible, else "cpu"."""
-    if device:
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
     """The torch dtype for a --dtype spelling; None means fp32 on CPU and bf16 on CUDA."""
     import torch
@@ -126,9 +117,7 @@ def check_same_vocab(
     )
 
 
-def load_pair(
-    target: str, draft: str | None = None, device: str = "cpu", dtype: str | None = None
-) -> ModelPair:
+def load_pair(target: str, draft: str | None = None, device: str = "cpu", dtype: str | None = None) -> ModelPair:
     """Load the target, the draft and the target's tokenizer; fail early if they do not fit together.
 
     Tokenizers are compared before any weights are read, so a mismatched pair costs seconds, not minutes.
@@ -144,9 +133,7 @@ def load_pair(
                 f"the model {name!r} has {model.config.vocab_size} output logits, fewer than the "
                 f"{len(tokenizer)} tokens of its tokenizer"
             )
-    return ModelPair(
-        target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft
-    )
+    return ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
 
 
 def tokenize_prompt(

@@ -1,0 +1,129 @@
+"""What `specq bench` shows: two tables for humans (throughput; speculation analysis), JSON for scripts,
+and the same tables as Markdown for docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+Format = Callable[[Any], str]
+
+
+def _num(digits: int) -> Format:
+    return lambda v: "-" if v is None else f"{v:.{digits}f}"
+
+
+def _times(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _same(row: dict[str, Any]) -> str:
+    if row["same_output"] is None:
+        return "n/a (sampling)"
+    total = row["same_output_prompts"] + len({m["prompt"] for m in row["mismatches"]})
+    return f"{'yes' if row['same_output'] else 'NO'} {row['same_output_prompts']}/{total}"
+
+
+def _k_steps(v: dict[str, int]) -> str:
+    total = sum(v.values())
+    return " ".join(f"{k}:{100 * n / total:.0f}%" for k, n in v.items()) if total else "-"
+
+
+# (header, row key, format); the row key None means the whole row is formatted
+THROUGHPUT: list[tuple[str, str | None, Format]] = [
+    ("B", "batch_size", str),
+    ("spec tok/s", "spec_tokens_per_s", _num(1)),
+    ("spec K tok/s", "spec_fixed_tokens_per_s", _num(1)),
+    ("target-only tok/s", "target_only_tokens_per_s", _num(1)),
+    ("HF batched tok/s", "hf_batched_tokens_per_s", _num(1)),
+    ("HF assisted tok/s", "hf_assisted_tokens_per_s", _num(1)),
+    ("spec / target-only", "spec_over_target_only", _times),
+    ("spec / HF batched", "spec_over_hf_batched", _times),
+    ("spec / HF assisted", "spec_over_hf_assisted", _times),
+    ("target-only / HF batched", "target_only_over_hf_batched", _times),
+    ("same output", None, _same),  # type: ignore[list-item]
+]
+ANALYSIS: list[tuple[str, str | None, Format]] = [
+    ("B", "batch_size", str),
+    ("a", "acceptance_rate", _num(3)),
+    ("mean acc. len", "mean_acceptance_length", _num(2)),
+    ("t_target ms", "t_target_step_ms", _num(2)),
+    ("t_draft ms", "t_draft_step_ms", _num(2)),
+    ("t_verify(K+1) ms", "t_verify_ms", _num(2)),
+    ("c", "cost_ratio", _num(3)),
+    ("Leviathan bound", "leviathan_bound", _times),
+    ("achievable limit", "achievable_limit", _times),
+    ("speedup K", "speedup_fixed", _times),
+    ("eff. K", "efficiency_fixed", _num(2)),
+    ("speedup adaptive", "speedup_adaptive", _times),
+    ("eff. adaptive", "efficiency_adaptive", _num(2)),
+    ("adaptive mean k", "spec_mean_k", _num(2)),
+    ("adaptive k per step", "spec_k_steps", _k_steps),
+]
+
+
+def _cells(columns: list[tuple[str, str | None, Format]], row: dict[str, Any]) -> list[str]:
+    return [fmt(row) if key is None else fmt(row[key]) for _, key, fmt in columns]
+
+
+def _tables(results: dict[str, Any]) -> list[tuple[str, list[tuple[str, str | None, Format]]]]:
+    k = results["settings"]["num_speculative_tokens"]
+    return [
+        ("Throughput (completion tokens per second, wall clock)", THROUGHPUT),
+        (f"Speculation analysis (K = {k}; a, acceptance length, t_draft, t_verify from the K-fixed run)", ANALYSIS),
+    ]
+
+
+def print_tables(results: dict[str, Any], file: TextIO | None = None) -> None:
+    console = Console(file=file, stderr=file is None, width=200)
+    for title, columns in _tables(results):
+        table = Table(title=title, title_justify="left")
+        for header, *_ in columns:
+            table.add_column(header, justify="right", overflow="fold")
+        for row in results["rows"]:
+            table.add_row(*_cells(columns, row))
+        console.print(table)
+    failed = [check for check in results["targets"] if check["met"] is False]
+    for check in results["targets"]:
+        mark = {True: "[green]met[/]", False: "[red]MISSED[/]", None: "[yellow]n/a[/]"}[check["met"]]
+        value = "-" if check["measured"] is None else f"{check['measured']:.2f}"
+        console.print(f"  {mark:<20} {check['target']}: {value} (want {check['want']})")
+    for row in results["rows"]:
+        if row["same_output"] is False:
+            console.print(
+                f"[red]batch {row['batch_size']}: outputs differ from specq target-only:[/] {row['mismatches']}"
+            )
+    if failed:
+        console.print(f"[red]{len(failed)} target(s) missed[/]")
+
+
+def markdown_tables(results: dict[str, Any]) -> str:
+    parts = []
+    for title, columns in _tables(results):
+        lines = [f"**{title}**", "", "| " + " | ".join(h for h, *_ in columns) + " |"]
+        lines.append("|" + "---:|" * len(columns))
+        lines += ["| " + " | ".join(_cells(columns, row)) + " |" for row in results["rows"]]
+        parts.append("\n".join(lines))
+    checks = ["| target | want | measured | met |", "| --- | --- | ---: | --- |"]
+    for check in results["targets"]:
+        value = "-" if check["measured"] is None else f"{check['measured']:.2f}"
+        met = {True: "yes", False: "**no**", None: "n/a"}[check["met"]]
+        checks.append(f"| {check['target']} | {check['want']} | {value} | {met} |")
+    parts.append("\n".join(checks))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_json(results: dict[str, Any], path: str) -> None:
+    """Write the results to `path` ("-": stdout)."""
+    text = json.dumps(results, indent=2) + "\n"
+    if path == "-":
+        import click
+
+        click.echo(text, nl=False)
+    else:
+        Path(path).write_text(text)

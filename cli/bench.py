@@ -1,0 +1,188 @@
+"""`specq bench`: the side-by-side benchmark. Parses options and delegates to bench/."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from datetime import UTC, datetime
+
+import click
+
+from cli.main import cli
+
+
+def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"batch sizes must be positive integers, got {value!r}")
+    return sizes
+
+
+@cli.command("bench")
+@click.option("--target", envvar="SPECQ_TARGET", help="Target model (HF id or folder). Default: the demo pair.")
+@click.option("--draft", envvar="SPECQ_DRAFT", help="Draft model (HF id or folder). Default: the demo pair.")
+@click.option(
+    "--batch-sizes",
+    default="1,4,16",
+    show_default=True,
+    callback=_batch_sizes,
+    help="Comma-separated batch sizes; every way of decoding runs at each.",
+)
+@click.option(
+    "--num-prompts",
+    type=click.IntRange(min=1),
+    help="Held-out code prompts decoded per run. Default: twice the largest batch size.",
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="New tokens per prompt.")
+@click.option(
+    "--num-speculative-tokens",
+    "-k",
+    type=click.IntRange(1, 32),
+    default=4,
+    show_default=True,
+    help="K: the most draft tokens a step proposes (the K-fixed run always proposes K).",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0, 100),
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature; 0 is greedy, where all outputs are checked to be identical.",
+)
+@click.option("--device", help="Torch device, e.g. cpu or cuda:0. Default: cuda if available, else cpu.")
+@click.option("--dtype", help="float32, bfloat16 or float16. Default: float32 on CPU, bfloat16 on CUDA.")
+@click.option("--threads", type=click.IntRange(min=1), help="Torch intra-op threads. Default: torch's own choice.")
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed passes before each timed one."
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Timed passes; the median is reported."
+)
+@click.option(
+    "--prompt-chars", type=click.IntRange(min=32), default=256, show_default=True, help="Length of each prompt."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Base sampling seed (prompt i uses seed + i).")
+@click.option("--skip-hf-batched", is_flag=True, help="Do not run HF batched generate.")
+@click.option("--skip-hf-assisted", is_flag=True, help="Do not run HF assisted generation.")
+@click.option(
+    "--hf-assistant-tokens",
+    type=click.IntRange(min=1),
+    help="Candidate tokens per step for HF assisted generation. Default: HF's own (20, confidence-gated).",
+)
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), help="Write the full results as JSON here ('-': stdout)."
+)
+@click.option(
+    "--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write the result tables as Markdown here."
+)
+def bench(
+    target: str | None,
+    draft: str | None,
+    batch_sizes: tuple[int, ...],
+    num_prompts: int | None,
+    max_tokens: int,
+    num_speculative_tokens: int,
+    temperature: float,
+    device: str | None,
+    dtype: str | None,
+    threads: int | None,
+    warmup: int,
+    repeats: int,
+    prompt_chars: int,
+    seed: int,
+    skip_hf_batched: bool,
+    skip_hf_assisted: bool,
+    hf_assistant_tokens: int | None,
+    json_path: str | None,
+    markdown_path: str | None,
+) -> None:
+    """Benchmark specq (adaptive k, fixed K, target only) against HF batched and assisted generation.
+
+    Same prompts and settings for every run, at each batch size; prints throughput, acceptance, the
+    measured draft/target cost ratio, the Leviathan bound and the limit these forward times allow.
+    """
+    if (target is None) != (draft is None):
+        raise click.UsageError("give both --target and --draft, or neither (the demo pair)")
+    import torch
+
+    from bench import report, runner
+    from models.loading import load_pair
+    from specq.errors import SpecqError
+
+    try:
+        settings = runner.BenchSettings(
+            batch_sizes=batch_sizes,
+            num_prompts=num_prompts or 2 * max(batch_sizes),
+            max_tokens=max_tokens,
+            num_speculative_tokens=num_speculative_tokens,
+            temperature=temperature,
+            warmup=warmup,
+            repeats=repeats,
+            prompt_chars=prompt_chars,
+            seed=seed,
+            hf_batched=not skip_hf_batched,
+            hf_assisted=not skip_hf_assisted,
+            hf_assistant_tokens=hf_assistant_tokens,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if threads:
+        torch.set_num_threads(threads)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    started = time.perf_counter()
+    try:
+        if target is None:
+            from models.demo import build_demo_models
+
+            click.echo("using the demo pair (building it on first use takes a few minutes)", err=True)
+            demo = build_demo_models()
+            target, draft = str(demo.target_dir), str(demo.draft_dir)
+        pair = load_pair(target, draft, device, dtype)
+        texts, prompts = runner.prompt_token_ids(pair.tokenizer, settings.num_prompts, settings.prompt_chars)
+    except (SpecqError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), max_tokens {max_tokens}, "
+        f"K {num_speculative_tokens}, batch sizes {','.join(map(str, batch_sizes))}, {device}, "
+        f"{torch.get_num_threads()} torch threads",
+        err=True,
+    )
+    machine = runner.machine_info(device, dtype)
+    results = runner.run_bench(
+        pair.target, pair.draft, pair.tokenizer, prompts, settings, progress=lambda line: click.echo(line, err=True)
+    )
+    results = {
+        "command": shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": {**machine, "load_average_end": list(_loadavg())},
+        "models": {
+            "target": target,
+            "draft": draft,
+            "target_params": _params(pair.target),
+            "draft_params": _params(pair.draft),
+        },
+        "settings": {**vars(settings), "device": device, "dtype": machine["dtype"]},
+        "prompts": [{"text": text, "prompt_tokens": len(ids)} for text, ids in zip(texts, prompts, strict=True)],
+        **results,
+    }
+    report.print_tables(results)
+    if json_path:
+        report.write_json(results, json_path)
+    if markdown_path:
+        with open(markdown_path, "w") as handle:
+            handle.write(report.markdown_tables(results))
+
+
+def _params(model) -> int | None:
+    return None if model is None else sum(p.numel() for p in model.parameters())
+
+
+def _loadavg() -> tuple[float, float, float]:
+    import os
+
+    return os.getloadavg()

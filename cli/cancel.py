@@ -1,0 +1,61 @@
+"""`specq cancel JOB` and `specq retry JOB`."""
+
+from __future__ import annotations
+
+import click
+
+from cli.main import cli
+from cli.options import broker_option, database_option, specq_errors
+
+
+@cli.command("cancel")
+@click.argument("job")
+@database_option
+def cancel(job: str, database_url: str | None) -> None:
+    """Stop a job's remaining work; results already stored are kept."""
+    with specq_errors():
+        from db.session import open_database
+        from jobs.control import cancel_job
+
+        outcome = cancel_job(open_database(database_url), job)
+    if not outcome.changed:
+        if outcome.previous == "cancelled":
+            click.echo(f"job {job} was already cancelled", err=True)
+            return
+        raise click.UsageError(f"job {job} has already ended ({outcome.previous}); nothing to cancel")
+    click.echo(f"job {job} cancelled; {outcome.cancelled} requests will not run", err=True)
+
+
+@cli.command("retry")
+@click.argument("job")
+@click.option("--device", help="Torch device for the in-process run when there is no broker. [default: auto]")
+@database_option
+@broker_option
+def retry(job: str, device: str | None, database_url: str | None, broker_url: str | None) -> None:
+    """Requeue a job's failed (and cancelled) requests. With no broker they run here, in this process."""
+    with specq_errors():
+        from db.session import open_database
+        from jobs.control import retry_job
+        from jobs.enqueue import enqueue_chunks
+        from jobs.services import broker_url as resolve_broker
+        from jobs.services import check_broker
+
+        broker = resolve_broker(broker_url)
+        if broker is not None:
+            check_broker(broker)
+        db = open_database(database_url)
+        outcome = retry_job(db, job)
+        if not outcome.chunks:
+            raise click.UsageError(f"job {job} ({outcome.previous}) has no failed or cancelled requests to retry")
+        click.echo(f"job {job}: {outcome.requeued} requests requeued", err=True)
+        if broker is not None:
+            enqueue_chunks(broker, outcome.chunks)
+            return
+        from jobs.embedded import run_chunks_here
+        from jobs.status import job_status
+
+        run_chunks_here(db, outcome.chunks, device or outcome.device)
+        status = job_status(db, job)
+    click.echo(f"job {job} {status['state']}: {status['completed']} completed, {status['failed']} failed", err=True)
+    if status["state"] != "completed":
+        raise click.ClickException(f"job {job} {status['state']}")

@@ -1,0 +1,29 @@
+"""`specq db upgrade`: create or migrate the database schema."""
+
+from __future__ import annotations
+
+import click
+
+from cli.main import cli
+from cli.options import database_option, specq_errors
+
+
+@cli.group("db")
+def db() -> None:
+    """Manage the results database."""
+
+
+@db.command("upgrade")
+@database_option
+def upgrade(database_url: str | None) -> None:
+    """Create or migrate the schema to the latest revision (other commands also do this on first use)."""
+    with specq_errors():
+        from db.migrate import upgrade as migrate
+        from db.session import open_database
+
+        database = open_database(database_url, migrate=False)
+        before, after = migrate(database)
+    if before == after:
+        click.echo(f"{database.url}: schema already at revision {after}", err=True)
+    else:
+        click.echo(f"{database.url}: schema migrated from {before or 'empty'} to {after}", err=True)

@@ -1,0 +1,32 @@
+"""`specq export JOB -o FILE [--format csv|jsonl|openai]`: stream a job's results to a file."""
+
+from __future__ import annotations
+
+import click
+
+from cli.main import cli
+from cli.options import database_option, specq_errors
+
+FORMATS = ("csv", "jsonl", "openai")
+
+
+@cli.command("export")
+@click.argument("job")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write ('-': stdout).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    help="csv, jsonl (as `specq run` writes) or openai (Batch API output). [default: jsonl for *.jsonl, else csv]",
+)
+@database_option
+def export(job: str, output: str, fmt: str | None, database_url: str | None) -> None:
+    """Write the job's results, one per request in input order, to FILE."""
+    if fmt is None:
+        fmt = "jsonl" if output.endswith((".jsonl", ".json")) else "csv"
+    with specq_errors():
+        from db.session import open_database
+        from jobs.export import export_job
+
+        count = export_job(open_database(database_url), job, output, fmt)  # type: ignore[arg-type]
+    click.echo(f"wrote {count} results of job {job} to {output} ({fmt})", err=True)

@@ -1,0 +1,191 @@
+"""What `run` and `submit` share: the generation options, and the mapping of domain errors to exits.
+
+    @cli.command("run")
+    @generation_options
+    def run(..., **options):
+        gen = pop_generation_options(options)   # GenerationOptions: target, draft, decoding, sampling, ...
+        with specq_errors():
+            ...
+
+No torch here: `decoding` is imported only when a command runs, so `specq --help` stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from specq.errors import BadInputError, JobNotFoundError, ModelLoadError, ServiceUnavailableError, SpecqError
+
+if TYPE_CHECKING:
+    from decoding.config import DecodingConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+GENERATION_PARAMS = (
+    "target",
+    "draft",
+    "num_speculative_tokens",
+    "fixed_k",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "batch_size",
+    "device",
+    "dtype",
+)
+SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
+
+_OPTIONS = [
+    click.option(
+        "--target",
+        envvar="SPECQ_TARGET",
+        required=True,
+        help="Target model: a Hugging Face id or a local folder. [env: SPECQ_TARGET]",
+    ),
+    click.option(
+        "--draft",
+        envvar="SPECQ_DRAFT",
+        help="Draft model sharing the target's tokenizer; absent: plain decoding with the target. [env: SPECQ_DRAFT]",
+    ),
+    click.option(
+        "--num-speculative-tokens",
+        "-k",
+        type=click.IntRange(0, 32),
+        help="K: the most draft tokens a step may propose. [default: 4]",
+    ),
+    click.option(
+        "--fixed-k",
+        is_flag=True,
+        help="Always propose K draft tokens, instead of choosing k <= K from measured step times.",
+    ),
+    click.option(
+        "--max-tokens",
+        type=click.IntRange(1, 1_000_000),
+        help="New tokens per request, unless its line sets max_tokens. [default: 128]",
+    ),
+    click.option(
+        "--temperature",
+        type=click.FloatRange(0, 2),
+        help="Sampling temperature, 0 for greedy, unless a line sets it. [default: 1.0]",
+    ),
+    click.option(
+        "--top-p",
+        type=click.FloatRange(0, 1, min_open=True),
+        help="Nucleus sampling mass, unless a line sets it. [default: 1.0]",
+    ),
+    click.option(
+        "--top-k", type=click.IntRange(min=0), help="Top-k cut, 0 for none, unless a line sets it. [default: 0]"
+    ),
+    click.option(
+        "--seed",
+        type=click.IntRange(0, 2**63 - 1),
+        help="Sampling seed for requests whose line sets none. [default: a fresh one per request]",
+    ),
+    click.option("--batch-size", type=click.IntRange(min=1), help="Sequences decoded together. [default: 8]"),
+    click.option("--device", help="Torch device, e.g. cpu or cuda:0. [default: cuda:0 if available, else cpu]"),
+    click.option(
+        "--dtype",
+        type=click.Choice(DTYPES, case_sensitive=False),
+        help="Model weights' dtype. [default: float32 on CPU, bfloat16 on CUDA]",
+    ),
+]
+
+
+def generation_options(f: F) -> F:
+    """Add the generation options of the contract to a command (keyword arguments named as
+    GENERATION_PARAMS); read them back with `pop_generation_options`."""
+    for option in reversed(_OPTIONS):
+        f = option(f)
+    return f
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    target: str
+    draft: str | None
+    decoding: DecodingConfig
+    sampling: dict[str, Any]  # the job-wide SamplingParams fields given (max_tokens, temperature, ...)
+    device: str | None  # None: cuda:0 if available, else cpu
+    dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
+
+
+def pop_generation_options(params: dict[str, Any]) -> GenerationOptions:
+    """Take the generation options out of a command's keyword arguments and resolve them.
+
+    A request's SamplingParams are then `jobs.params.sampling_params(gen.sampling, spec.overrides)`.
+    """
+    from decoding.config import DecodingConfig
+
+    values = {name: params.pop(name, None) for name in GENERATION_PARAMS}
+    decoding: dict[str, Any] = {"fixed_k": bool(values["fixed_k"])}
+    if values["num_speculative_tokens"] is not None:
+        decoding["num_speculative_tokens"] = values["num_speculative_tokens"]
+    if values["batch_size"] is not None:
+        decoding["batch_size"] = values["batch_size"]
+    try:
+        config = DecodingConfig(**decoding)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return GenerationOptions(
+        target=values["target"],
+        draft=values["draft"] or None,
+        decoding=config,
+        sampling={k: values[k] for k in SAMPLING_PARAMS if values[k] is not None},
+        device=values["device"] or None,
+        dtype=values["dtype"].lower() if values["dtype"] else None,
+    )
+
+
+def database_option(f: F) -> F:
+    return click.option(
+        "--database-url",
+        envvar="SPECQ_DATABASE_URL",
+        help="SQLAlchemy URL of the results store. [env: SPECQ_DATABASE_URL; default: an embedded SQLite file]",
+    )(f)
+
+
+def broker_option(f: F) -> F:
+    return click.option(
+        "--broker-url",
+        envvar="SPECQ_BROKER_URL",
+        help="Celery broker (Redis) URL. [env: SPECQ_BROKER_URL; default: none, work runs in-process]",
+    )(f)
+
+
+class BadInput(click.ClickException):
+    """Bad input lines: each shown alone on its line as INPUT:LINE: reason, then a summary; exit 2."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(f"{len(problems)} bad line{'s' if len(problems) != 1 else ''}; nothing was done")
+        self.problems = problems
+
+    def show(self, file: Any = None) -> None:
+        for problem in self.problems:
+            click.echo(problem, err=True)
+        click.echo(f"Error: {self.format_message()}", err=True)
+
+
+@contextmanager
+def specq_errors() -> Iterator[None]:
+    """Turn domain errors into click's: bad input and unloadable models exit 2, services down exit 1,
+    as one sentence without a traceback."""
+    try:
+        yield
+    except BadInputError as exc:
+        raise BadInput(exc.problems) from None
+    except (ModelLoadError, JobNotFoundError) as exc:
+        raise click.UsageError(str(exc)) from None
+    except ServiceUnavailableError as exc:
+        raise click.ClickException(str(exc)) from None
+    except SpecqError as exc:
+        raise click.ClickException(str(exc)) from None

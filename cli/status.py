@@ -1,0 +1,63 @@
+"""`specq status [JOB] [--json]`: one job's state, counts and metrics; without JOB, the recent jobs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from cli.main import cli
+from cli.options import database_option, specq_errors
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return " ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in value) or "-"
+    return "-" if value is None else str(value)
+
+
+@cli.command("status")
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: one object for JOB, else a list, newest first.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Recent jobs listed without JOB."
+)
+@database_option
+def status(job: str | None, as_json: bool, limit: int, database_url: str | None) -> None:
+    """Show a job's state, counts and metrics (tokens/s, acceptance rate, mean acceptance length,
+    acceptance per position); without JOB, the recent jobs."""
+    with specq_errors():
+        from db.session import open_database
+        from jobs.status import job_status, recent_jobs
+
+        db = open_database(database_url)
+        found: dict[str, Any] | list[dict[str, Any]] = job_status(db, job) if job else recent_jobs(db, limit)
+    if as_json:
+        click.echo(json.dumps(found, indent=None if isinstance(found, list) else 2))
+        return
+    if isinstance(found, dict):
+        width = max(len(k) for k in found)
+        for key, value in found.items():
+            click.echo(f"{key:<{width}}  {_fmt(value)}")
+        return
+    if not found:
+        click.echo("no jobs yet", err=True)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "state", "done/total", "failed", "tok/s", "acceptance", "created", box=None)
+    for j in found:
+        table.add_row(
+            j["id"],
+            j["state"],
+            f"{j['completed'] + j['failed']}/{j['total']}",
+            str(j["failed"]),
+            f"{j['tokens_per_second']:.1f}",
+            f"{j['acceptance_rate']:.3f}",
+            (j["created_at"] or "")[:19],
+        )
+    Console(soft_wrap=True).print(table)

@@ -1,0 +1,70 @@
+"""`specq worker [--device cuda:0|cpu]` and `specq workers [--json]`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from cli.main import cli
+from cli.options import broker_option, database_option, specq_errors
+
+
+@cli.command("worker")
+@click.option(
+    "--device", help="Torch device this worker is bound to, e.g. cuda:0 or cpu. [default: cuda:0 if available]"
+)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--models-cached", type=click.IntRange(min=1), default=1, show_default=True, help="Model pairs kept loaded."
+)
+@database_option
+@broker_option
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    device: str | None,
+    metrics_port: int | None,
+    models_cached: int,
+    database_url: str | None,
+    broker_url: str | None,
+) -> None:
+    """Run one Celery worker bound to one device until SIGTERM (the running chunk finishes first)."""
+    from jobs.services import broker_url as resolve_broker
+
+    broker = resolve_broker(broker_url)
+    if broker is None:
+        raise click.UsageError("a worker needs a broker: give --broker-url or set SPECQ_BROKER_URL")
+    verbose = (ctx.find_root().params.get("verbose") or 0) if ctx.find_root() else 0
+    with specq_errors():
+        from worker.main import run_worker
+
+        run_worker(
+            device=device,
+            database_url=database_url,
+            broker=broker,
+            metrics_port=metrics_port,
+            models_cached=models_cached,
+            loglevel="DEBUG" if verbose >= 2 else "INFO",
+        )
+
+
+@cli.command("workers")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of the live workers.")
+@database_option
+def workers(as_json: bool, database_url: str | None) -> None:
+    """List the live workers: name, device, state, last heartbeat, current batch."""
+    with specq_errors():
+        from db.session import open_database
+        from jobs.status import live_workers
+
+        found = live_workers(open_database(database_url))
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    if not found:
+        click.echo("no live workers", err=True)
+        return
+    for w in found:
+        batch = f"batch {w['current_batch']} of job {w['current_job']}" if w["current_batch"] else "-"
+        click.echo(f"{w['name']}  {w['device']}  {w['state']}  {w['last_heartbeat']}  {batch}")

@@ -1,0 +1,147 @@
+"""The results store: jobs, their requests and results, per-batch metrics, live workers.
+
+Raw counters only (tokens, drafts, seconds); rates are derived where they are read (`jobs.status`).
+Relationships are `lazy="raise"`, so every query is written out where it runs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from db.states import JobState, RequestState
+from db.types import BigId, JSONType, UTCDateTime, utcnow
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED, index=True)
+    target: Mapped[str] = mapped_column(Text)
+    draft: Mapped[str | None] = mapped_column(Text)
+    input_name: Mapped[str] = mapped_column(Text)  # the input path as the user gave it
+    # the resolved generation settings: decoding config, default sampling, device, dtype, chunk size
+    settings: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # counters, updated in the same transaction as the results they count
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    generated_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    # the database deletes children (ON DELETE CASCADE); the ORM neither loads nor orphans them
+    requests: Mapped[list[Request]] = relationship(back_populates="job", lazy="raise", passive_deletes="all")
+    batches: Mapped[list[Batch]] = relationship(back_populates="job", lazy="raise", passive_deletes="all")
+
+
+class Request(Base):
+    __tablename__ = "requests"
+    __table_args__ = (UniqueConstraint("job_id", "seq"),)  # also the index that claims and export use
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)  # 0-based position among the job's requests; chunk = seq // size
+    line: Mapped[int] = mapped_column(Integer)  # 1-based line in the input file
+    custom_id: Mapped[str] = mapped_column(Text)  # the line's `id` / `custom_id`
+    kind: Mapped[str] = mapped_column(String(16))  # "completion" | "chat"
+    prompt: Mapped[str | None] = mapped_column(Text)
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    overrides: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the sampling settings the line set
+    state: Mapped[str] = mapped_column(String(16), default=RequestState.QUEUED)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far
+    lease_owner: Mapped[str | None] = mapped_column(String(200))  # the worker holding the claim
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    job: Mapped[Job] = relationship(back_populates="requests", lazy="raise")
+    result: Mapped[Result | None] = relationship(back_populates="request", lazy="raise", passive_deletes="all")
+
+
+# running requests by lease expiry, for the sweeper. Partial: queued and ended rows (nearly all of them)
+# are not in it, which keeps bulk inserts fast (a full index on state made COPY twice as slow)
+Index(
+    "ix_requests_running_lease",
+    Request.lease_expires_at,
+    postgresql_where=text("state = 'running'"),
+    sqlite_where=text("state = 'running'"),
+)
+
+
+class Result(Base):
+    __tablename__ = "results"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    # unique: a request has exactly one result; writes are INSERT ... ON CONFLICT DO NOTHING
+    request_id: Mapped[int] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), unique=True)
+    status: Mapped[str] = mapped_column(String(16))  # "completed" | "failed"
+    completion: Mapped[str | None] = mapped_column(Text)
+    token_ids: Mapped[list[int] | None] = mapped_column(JSONType)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    seed: Mapped[int | None] = mapped_column(BigInteger)
+    latency_s: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    request: Mapped[Request] = relationship(back_populates="result", lazy="raise")
+
+
+class Batch(Base):
+    """One engine run over a group of a chunk's requests, with the engine's raw counters."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    worker: Mapped[str] = mapped_column(String(200))
+    device: Mapped[str] = mapped_column(String(32))
+    size: Mapped[int] = mapped_column(Integer)  # requests in the batch
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # None: running, or its worker died
+    num_drafts: Mapped[int] = mapped_column(BigInteger, default=0)
+    num_draft_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    num_accepted_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    accepted_per_position: Mapped[list[int]] = mapped_column(JSONType, default=list)
+    num_generated_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    num_steps: Mapped[int] = mapped_column(BigInteger, default=0)
+    target_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
+    draft_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
+    prefill_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)  # wall time inside the engine
+
+    job: Mapped[Job] = relationship(back_populates="batches", lazy="raise")
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    device: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16))  # "idle" | "busy" | "stopped"
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    current_batch: Mapped[int | None] = mapped_column(BigInteger)  # batches.id while busy
+    current_job: Mapped[str | None] = mapped_column(String(32))

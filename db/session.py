@@ -1,0 +1,119 @@
+"""Engines and sessions from `SPECQ_DATABASE_URL`; an embedded SQLite file when it is not set."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from specq.errors import ServiceUnavailableError
+from specq.paths import data_dir
+
+log = logging.getLogger(__name__)
+
+DATABASE_ENV = "SPECQ_DATABASE_URL"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """`url`, else `SPECQ_DATABASE_URL`, else the embedded SQLite file in specq's data directory."""
+    return url or os.environ.get(DATABASE_ENV) or f"sqlite:///{data_dir() / 'specq.db'}"
+
+
+def mask_url(url: str) -> str:
+    """Any service URL (database, broker) with its password replaced by ***, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: show nothing of it that could be a secret
+        return "<unparsable database URL>"
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL: readers (status, --wait) never block the writer; foreign keys are off by default in SQLite
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+@dataclass(frozen=True)
+class Database:
+    engine: Engine
+    sessions: sessionmaker[Session]
+    url: str  # masked, for messages
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on error."""
+        with self.sessions.begin() as session:
+            yield session
+
+    @property
+    def is_sqlite(self) -> bool:
+        return is_sqlite(self.engine)
+
+
+def unavailable(db_url: str, exc: BaseException) -> ServiceUnavailableError:
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return ServiceUnavailableError(f"cannot reach the database at {mask_url(db_url)}: {reason}")
+
+
+_databases: dict[str, Database] = {}
+
+
+def _open(url: str) -> Database:
+    if url in _databases:
+        return _databases[url]
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("sqlite"):
+        kwargs = {"connect_args": {"timeout": 30, "check_same_thread": False}}
+        path = make_url(url).database
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    else:
+        kwargs["connect_args"] = {"connect_timeout": 5}
+    engine = create_engine(url, **kwargs)
+    if is_sqlite(engine):
+        event.listen(engine, "connect", _sqlite_pragmas)
+    db = _databases[url] = Database(engine, sessionmaker(engine, expire_on_commit=False), mask_url(url))
+    return db
+
+
+def open_database(url: str | None = None, *, migrate: bool = True) -> Database:
+    """Connect (checking the server answers) and, unless `migrate` is False, bring the schema to head.
+
+    Raises ServiceUnavailableError, with the URL's password masked, when the database cannot be reached.
+    """
+    resolved = resolve_url(url)
+    try:
+        db = _open(resolved)
+        with db.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        raise unavailable(resolved, exc) from None
+    except Exception as exc:  # e.g. a malformed URL or a missing driver
+        raise ServiceUnavailableError(f"cannot use the database at {mask_url(resolved)}: {exc}") from None
+    if migrate:
+        from db.migrate import ensure_schema
+
+        ensure_schema(db)
+    return db
+
+
+def dispose_all() -> None:
+    """Close every pooled connection and forget the engines (after a fork, and in tests)."""
+    while _databases:
+        _databases.popitem()[1].engine.dispose()

@@ -1,0 +1,65 @@
+"""Job and request states, and the one table of allowed transitions (rq's JobStatus, as a StrEnum).
+
+States are stored as plain strings (no database ENUM), so adding one needs no migration of the type.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"  # stored and enqueued; no request claimed yet (or requeued by `retry`)
+    RUNNING = "running"  # some request has been claimed by a worker
+    COMPLETED = "completed"  # terminal: every request ended and at least one completed
+    FAILED = "failed"  # terminal: every request ended and every one failed
+    CANCELLED = "cancelled"  # terminal: stopped by `cancel`; requests that had ended keep their results
+
+
+class RequestState(StrEnum):
+    QUEUED = "queued"  # waiting for a worker to claim it
+    RUNNING = "running"  # claimed under a lease (lease_owner, lease_expires_at)
+    COMPLETED = "completed"  # terminal: has a completion in results
+    FAILED = "failed"  # has an error in results; `retry` may requeue it
+    CANCELLED = "cancelled"  # never ran: its job was cancelled first; `retry` may requeue it
+
+
+JOB_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+REQUEST_ENDED = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED})
+
+# state -> the states it may move to; every state change in the code is guarded by this table
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.COMPLETED: frozenset({JobState.QUEUED}),  # `retry` of the requests that failed
+    JobState.FAILED: frozenset({JobState.QUEUED}),
+    JobState.CANCELLED: frozenset({JobState.QUEUED}),
+}
+REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.QUEUED: frozenset({RequestState.RUNNING, RequestState.CANCELLED}),
+    # a running request whose lease expired (its worker died) is claimed again (running -> running) or put
+    # back by the sweeper (running -> queued)
+    # running -> cancelled: its worker saw the job cancelled and gave it up before it ran
+    RequestState.RUNNING: frozenset(
+        {RequestState.QUEUED, RequestState.RUNNING, RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED}
+    ),
+    RequestState.COMPLETED: frozenset(),
+    RequestState.FAILED: frozenset({RequestState.QUEUED}),
+    RequestState.CANCELLED: frozenset({RequestState.QUEUED}),
+}
+
+
+def job_sources(target: JobState) -> list[str]:
+    """The job states that may move to `target`, for a guarded `UPDATE ... WHERE state IN (...)`."""
+    return [str(s) for s, targets in JOB_TRANSITIONS.items() if target in targets]
+
+
+def request_sources(target: RequestState) -> list[str]:
+    """The request states that may move to `target`."""
+    return [str(s) for s, targets in REQUEST_TRANSITIONS.items() if target in targets]
+
+
+class WorkerState(StrEnum):
+    IDLE = "idle"  # waiting for a chunk
+    BUSY = "busy"  # running a batch (workers.current_batch)
+    STOPPED = "stopped"  # terminal: shut down cleanly

@@ -1,0 +1,97 @@
+"""`specq cancel` and `specq retry`: state changes guarded by the transition table, in one transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from db.models import Job, Request, Result
+from db.session import Database
+from db.states import JobState, RequestState, job_sources, request_sources
+from db.types import utcnow
+from specq.errors import JobNotFoundError
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    previous: str  # the job's state before
+    cancelled: int  # requests that will not run now
+    changed: bool  # False: the job had already ended
+
+
+@dataclass(frozen=True)
+class RetryOutcome:
+    previous: str
+    requeued: int  # failed or cancelled requests put back in the queue
+    chunks: list[tuple[str, int, int]]  # to enqueue: every chunk holding a queued request of the job
+    device: str | None  # the device the job was submitted with, for a retry in-process
+
+
+def _locked_job(session: Session, job_id: str) -> Job:
+    job = session.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
+    if job is None:
+        raise JobNotFoundError(f"no job has the id {job_id!r}")
+    return job
+
+
+def cancel_job(db: Database, job_id: str) -> CancelOutcome:
+    """Stop a job: its queued requests are cancelled, running ones finish (workers see the cancel at
+    their next write and give up the rest). A job that has ended is left as it is."""
+    with db.session() as session:
+        job = _locked_job(session, job_id)
+        previous = job.state
+        if job.state not in job_sources(JobState.CANCELLED):
+            return CancelOutcome(previous, 0, changed=False)
+        job.state, job.finished_at = JobState.CANCELLED, utcnow()
+        cancelled = session.execute(
+            update(Request)
+            .where(Request.job_id == job_id, Request.state == RequestState.QUEUED)
+            .values(state=RequestState.CANCELLED)
+            .execution_options(synchronize_session=False)
+        ).rowcount  # type: ignore[attr-defined]
+        return CancelOutcome(previous, cancelled, changed=True)
+
+
+def retry_job(db: Database, job_id: str) -> RetryOutcome:
+    """Requeue the job's failed and cancelled requests (and running ones whose lease expired); the
+    failed ones' results are deleted.
+
+    The chunks returned cover every queued request of the job, so a retry also recovers requests whose
+    task was lost (e.g. a broker that was flushed).
+    """
+    with db.session() as session:
+        job = _locked_job(session, job_id)
+        previous = job.state
+        retryable = [s for s in request_sources(RequestState.QUEUED) if s != RequestState.RUNNING]
+        ids = session.scalars(
+            select(Request.id).where(
+                Request.job_id == job_id,
+                or_(
+                    Request.state.in_(retryable),  # failed, cancelled
+                    # abandoned: an in-process run that was killed (no sweeper without a broker)
+                    and_(Request.state == RequestState.RUNNING, Request.lease_expires_at < utcnow()),
+                ),
+            )
+        ).all()
+        if ids:
+            n_failed = session.execute(
+                delete(Result).where(Result.request_id.in_(ids)).execution_options(synchronize_session=False)
+            ).rowcount  # type: ignore[attr-defined]
+            session.execute(
+                update(Request)
+                .where(Request.id.in_(ids))
+                .values(state=RequestState.QUEUED, lease_owner=None, lease_expires_at=None)
+                .execution_options(synchronize_session=False)
+            )
+            # a failed request counted in `failed` and generated no tokens
+            job.failed -= n_failed
+            if job.state in job_sources(JobState.QUEUED):
+                job.state, job.finished_at = JobState.QUEUED, None
+        size = job.settings["chunk_size"]
+        firsts = session.scalars(
+            select(Request.seq // size).where(Request.job_id == job_id, Request.state == RequestState.QUEUED).distinct()
+        ).all()
+        chunks = [(job_id, int(i) * size, min((int(i) + 1) * size, job.total)) for i in sorted(firsts)]
+        return RetryOutcome(previous, len(ids), chunks, job.settings.get("device"))

@@ -1,0 +1,36 @@
+"""Sending chunk tasks to the broker: (job_id, first, end) each, JSON, over one pooled connection."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from jobs.services import broker_unavailable
+
+log = logging.getLogger(__name__)
+
+
+def job_chunks(job_id: str, total: int, chunk_size: int) -> Iterable[tuple[str, int, int]]:
+    """The chunks of a job of `total` requests: positions [first, end), in file order."""
+    for first in range(0, total, chunk_size):
+        yield job_id, first, min(first + chunk_size, total)
+
+
+def enqueue_chunks(broker: str, chunks: Iterable[tuple[str, int, int]]) -> int:
+    """Send one `process_chunk` task per chunk; returns how many. Raises ServiceUnavailableError."""
+    from kombu.exceptions import KombuError, OperationalError
+
+    from worker.app import configure
+    from worker.constants import PROCESS_CHUNK_TASK
+
+    app = configure(broker)
+    sent = 0
+    try:
+        with app.producer_or_acquire() as producer:
+            for job_id, first, end in chunks:
+                app.send_task(PROCESS_CHUNK_TASK, args=(job_id, first, end), producer=producer)
+                sent += 1
+    except (OperationalError, KombuError, OSError) as exc:
+        raise broker_unavailable(broker, exc) from None
+    log.debug("enqueued %d chunk tasks", sent)
+    return sent

@@ -1,0 +1,364 @@
+"""Parse and validate a JSONL input file of requests, streaming, one line at a time.
+
+Each non-blank line is one request, in either form (mixed freely):
+
+- plain: ``{"id": "q1", "prompt": "...", "max_tokens": 64, ...}``. ``id`` may be left out: it is then the
+  1-based line number, as a string. A plain line may carry ``messages`` instead of ``prompt`` (a chat
+  request, rendered with the target's chat template). Unknown keys are errors, so a typo such as
+  ``max_token`` is reported instead of being silently ignored.
+- OpenAI Batch API: ``{"custom_id": "q1", "method": "POST", "url": "/v1/completions" or
+  "/v1/chat/completions", "body": {...}}``; the prompt (or ``messages``) and the overrides are read from
+  ``body``. ``body.model`` is ignored (the job's target model is used), as are ``user``, ``metadata``
+  and ``store``; ``n`` may only be 1 and ``stream`` only false; ``max_completion_tokens`` is accepted as
+  ``max_tokens``. Any other body field is an error, as specq could not honour it.
+
+Decisions, so callers and users can rely on them:
+
+- An id (``id`` or ``custom_id``) is a non-empty string or an integer (not a boolean); an integer is
+  turned into its decimal string, so ``7`` and ``"7"`` are the same id. Ids are unique within a file,
+  across both forms; a repeat is an error on the later line, naming the first.
+- A blank (whitespace-only) line is skipped but still counts for line numbers, so ``LINE`` is always
+  the line number an editor shows.
+- An override set to ``null`` counts as not set (the OpenAI API allows ``null`` for them).
+- Ranges: ``max_tokens`` an integer in [1, 1,000,000] (the model's context is checked later, per
+  request), ``temperature`` a number in [0, 2] (OpenAI's range), ``top_p`` in (0, 1], ``top_k`` an integer
+  >= 0, ``seed`` an integer in [0, 2**63), ``stop`` a non-empty string or a list of at most 4 of them.
+  Booleans are not numbers.
+- Prompts and message contents are non-empty strings; NUL characters and lone surrogates are refused
+  because the results store cannot hold them.
+
+Every bad line is reported, as ``INPUT:LINE: what is wrong`` (INPUT is the path as the user gave it), in
+one ``BadInputError`` raised once the whole file has been read.
+
+Memory stays flat in the number of lines: duplicate ids are found from an 8-byte hash per line, sorted
+once at the end; only when some hash repeats is the file read again, to compare those ids themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from specq.errors import BadInputError
+
+RequestKind = Literal["completion", "chat"]
+
+MAX_TOKENS_LIMIT = 1_000_000  # a sanity bound; the model's context length is checked per request later
+MAX_STOP_STRINGS = 4  # as in the OpenAI API
+OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+CHAT_ROLES = frozenset({"system", "user", "assistant"})
+COMPLETIONS_URL = "/v1/completions"
+CHAT_URL = "/v1/chat/completions"
+
+_OVERRIDE_SET = frozenset(OVERRIDE_KEYS)
+_PLAIN_KEYS = frozenset({"id", "prompt", "messages", *OVERRIDE_KEYS})
+_OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
+_BODY_IGNORED = frozenset({"model", "user", "metadata", "store"})  # harmless: accepted and ignored
+_BODY_KEYS = frozenset({"prompt", "messages", "n", "stream", "max_completion_tokens", *OVERRIDE_KEYS})
+_BODY_ALLOWED = _BODY_KEYS | _BODY_IGNORED
+_MESSAGE_KEYS = frozenset({"role", "content"})
+# `keys() <= frozenset` compares without building a set: the checks below run once per line
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One validated request line.
+
+    `overrides` holds only the generation settings the line set, normalised: `temperature` and `top_p`
+    are floats, `stop` is a tuple of strings.
+    """
+
+    line: int  # 1-based line number in the input file
+    id: str  # `id` or `custom_id`, or the line number when a plain line has none
+    kind: RequestKind
+    prompt: str | None  # set for "completion" requests
+    messages: list[dict] | None  # set for "chat" requests: [{"role": ..., "content": ...}, ...]
+    overrides: dict
+
+
+class LineError(ValueError):
+    """What is wrong with one line; the caller adds `INPUT:LINE: `."""
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _check_text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise LineError(f'"{name}" must be a string, got {_type_name(value)}')
+    if not value:
+        raise LineError(f'"{name}" must not be empty')
+    if "\x00" in value:
+        raise LineError(f'"{name}" contains a NUL character, which cannot be stored')
+    if not value.isascii():  # isascii is a flag check; encoding is only needed for non-ASCII text
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LineError(f'"{name}" contains a lone surrogate (invalid Unicode)') from None
+    return value
+
+
+def _check_id(name: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise LineError(f'"{name}" must be a string or an integer, got {_type_name(value)}')
+    return _check_text(name, value)
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise LineError(f'"{name}" must be an integer, got {_type_name(value)}')
+    if not low <= value <= high:
+        raise LineError(f'"{name}" must be in [{low}, {high}], got {value}')
+    return value
+
+
+def _check_number(name: str, value: Any) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise LineError(f'"{name}" must be a number, got {_type_name(value)}')
+    if not math.isfinite(value):
+        raise LineError(f'"{name}" must be a finite number, got {value}')
+    return float(value)
+
+
+def _check_stop(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (_check_text(name, value),)
+    items = value
+    if not isinstance(items, list):
+        raise LineError(f'"{name}" must be a string or an array of strings, got {_type_name(value)}')
+    if not 1 <= len(items) <= MAX_STOP_STRINGS:
+        raise LineError(f'"{name}" must hold 1 to {MAX_STOP_STRINGS} strings, got {len(items)}')
+    return tuple(_check_text(f"{name}[{i}]", item) for i, item in enumerate(items))
+
+
+def _check_override(key: str, name: str, value: Any) -> Any:
+    """Validate one override; `name` is how the line spells it (e.g. "body.top_p")."""
+    if key == "max_tokens":
+        return _check_int(name, value, 1, MAX_TOKENS_LIMIT)
+    if key == "temperature":
+        number = _check_number(name, value)
+        if not 0.0 <= number <= 2.0:
+            raise LineError(f'"{name}" must be in [0, 2], got {value}')
+        return number
+    if key == "top_p":
+        number = _check_number(name, value)
+        if not 0.0 < number <= 1.0:
+            raise LineError(f'"{name}" must be in (0, 1], got {value}')
+        return number
+    if key == "top_k":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise LineError(f'"{name}" must be an integer, got {_type_name(value)}')
+        if value < 0:
+            raise LineError(f'"{name}" must be >= 0, got {value}')
+        return value
+    if key == "seed":
+        return _check_int(name, value, 0, 2**63 - 1)
+    return _check_stop(name, value)  # "stop", the last of OVERRIDE_KEYS
+
+
+def _check_messages(name: str, value: Any) -> list[dict]:
+    if not isinstance(value, list):
+        raise LineError(f'"{name}" must be an array, got {_type_name(value)}')
+    if not value:
+        raise LineError(f'"{name}" must not be empty')
+    messages = []
+    for i, message in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(message, dict):
+            raise LineError(f'"{where}" must be an object, got {_type_name(message)}')
+        if not message.keys() <= _MESSAGE_KEYS:
+            extra = sorted(message.keys() - _MESSAGE_KEYS)[0]
+            raise LineError(f'"{where}" has unsupported field "{extra}"')
+        if "role" not in message:
+            raise LineError(f'"{where}" is missing "role"')
+        if "content" not in message:
+            raise LineError(f'"{where}" is missing "content"')
+        role = message["role"]
+        if role not in CHAT_ROLES:
+            raise LineError(f'"{where}.role" must be one of "system", "user", "assistant", got {json.dumps(role)}')
+        messages.append({"role": role, "content": _check_text(f"{where}.content", message["content"])})
+    return messages
+
+
+def _read_prompt(obj: dict, prefix: str) -> tuple[RequestKind, str | None, list[dict] | None]:
+    has_prompt, has_messages = "prompt" in obj, "messages" in obj
+    if has_prompt and has_messages:
+        raise LineError(f'has both "{prefix}prompt" and "{prefix}messages"; give one')
+    if has_messages:
+        return "chat", None, _check_messages(f"{prefix}messages", obj["messages"])
+    if not has_prompt:
+        raise LineError(f'missing "{prefix}prompt"')
+    return "completion", _check_text(f"{prefix}prompt", obj["prompt"]), None
+
+
+def _read_overrides(obj: dict, prefix: str) -> dict:
+    overrides = {}
+    for key, value in obj.items():
+        if key in _OVERRIDE_SET and value is not None:
+            overrides[key] = _check_override(key, prefix + key, value)
+    return overrides
+
+
+def _parse_plain(obj: dict, line: int) -> RequestSpec:
+    if not obj.keys() <= _PLAIN_KEYS:
+        raise LineError(f'unknown field "{sorted(obj.keys() - _PLAIN_KEYS)[0]}"')
+    request_id = _check_id("id", obj["id"]) if "id" in obj else str(line)
+    kind, prompt, messages = _read_prompt(obj, "")
+    return RequestSpec(line, request_id, kind, prompt, messages, _read_overrides(obj, ""))
+
+
+def _parse_openai(obj: dict, line: int) -> RequestSpec:
+    if obj.keys() != _OPENAI_KEYS:
+        if not obj.keys() <= _OPENAI_KEYS:
+            raise LineError(f'unknown field "{sorted(obj.keys() - _OPENAI_KEYS)[0]}" in an OpenAI Batch line')
+        for key in ("custom_id", "method", "url", "body"):
+            if key not in obj:
+                raise LineError(f'missing "{key}" (an OpenAI Batch line has custom_id, method, url, body)')
+    request_id = _check_id("custom_id", obj["custom_id"])
+    if obj["method"] != "POST":
+        raise LineError(f'"method" must be "POST", got {json.dumps(obj["method"])}')
+    url = obj["url"]
+    if url not in (COMPLETIONS_URL, CHAT_URL):
+        raise LineError(f'"url" must be "{COMPLETIONS_URL}" or "{CHAT_URL}", got {json.dumps(url)}')
+    body = obj["body"]
+    if not isinstance(body, dict):
+        raise LineError(f'"body" must be an object, got {_type_name(body)}')
+    if not body.keys() <= _BODY_ALLOWED:
+        raise LineError(f'"body.{sorted(body.keys() - _BODY_ALLOWED)[0]}" is not supported')
+    if body.get("n", 1) != 1:
+        raise LineError(f'"body.n" must be 1, got {json.dumps(body["n"])}')
+    if body.get("stream") not in (None, False):
+        raise LineError('"body.stream" must be false')
+    expected = "messages" if url == CHAT_URL else "prompt"
+    if expected not in body:
+        raise LineError(f'missing "body.{expected}" (required by {url})')
+    kind, prompt, messages = _read_prompt(body, "body.")
+    if (kind == "chat") != (url == CHAT_URL):
+        raise LineError(f'"body.prompt" does not belong to {url}; use "body.messages"')
+    overrides = _read_overrides(body, "body.")
+    if body.get("max_completion_tokens") is not None:
+        if "max_tokens" in overrides:
+            raise LineError('has both "body.max_tokens" and "body.max_completion_tokens"; give one')
+        overrides["max_tokens"] = _check_override(
+            "max_tokens", "body.max_completion_tokens", body["max_completion_tokens"]
+        )
+    return RequestSpec(line, request_id, kind, prompt, messages, overrides)
+
+
+_decode_json = json.JSONDecoder().decode  # json.loads minus its per-call argument handling
+
+
+def parse_line(raw: bytes, line: int) -> RequestSpec:
+    """Parse one non-blank line (bytes, as read from the file); raises LineError saying what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LineError(f"not valid UTF-8 (byte {exc.start + 1})") from None
+    if line == 1 and text.startswith("\ufeff"):
+        text = text[1:]  # a UTF-8 byte order mark, as some editors write
+    try:
+        obj = _decode_json(text)
+    except ValueError as exc:
+        msg = getattr(exc, "msg", str(exc))
+        col = getattr(exc, "colno", None)
+        raise LineError(f"not valid JSON: {msg}" + (f" (column {col})" if col else "")) from None
+    if not isinstance(obj, dict):
+        raise LineError(f"must be a JSON object, got {_type_name(obj)}")
+    if "custom_id" in obj or "body" in obj or "url" in obj or "method" in obj:
+        return _parse_openai(obj, line)
+    return _parse_plain(obj, line)
+
+
+class _Scan:
+    """One streaming read of the file: yields good specs, collects problems and id hashes."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self.name = os.fspath(path)
+        self.problems: list[tuple[int, str]] = []
+        self.id_hashes = array("q")  # hash(id) of each good line: 8 bytes a line, whatever its size
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        problems, hashes = self.problems, self.id_hashes
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if raw.isspace():
+                    continue
+                try:
+                    spec = parse_line(raw, number)
+                except LineError as exc:
+                    problems.append((number, str(exc)))
+                    continue
+                hashes.append(hash(spec.id))
+                yield spec
+
+    def finish(self) -> None:
+        """Add duplicate-id problems, then raise BadInputError if any line was bad."""
+        self.problems.extend(self._duplicates())
+        if self.problems:
+            self.problems.sort()
+            raise BadInputError([f"{self.name}:{line}: {what}" for line, what in self.problems])
+
+    def _duplicates(self) -> list[tuple[int, str]]:
+        hashes = np.frombuffer(self.id_hashes, dtype=np.int64) if self.id_hashes else np.empty(0, np.int64)
+        ordered = np.sort(hashes)
+        repeated = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+        if not repeated:
+            return []
+        # Hashes can collide, so read the file again and compare the ids whose hash repeats (a rare, and
+        # then failing, path: only the first read has to be fast)
+        first_line: dict[str, int] = {}
+        found = []
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if raw.isspace():
+                    continue
+                try:
+                    request_id = parse_line(raw, number).id
+                except LineError:
+                    continue
+                if hash(request_id) not in repeated:
+                    continue
+                first = first_line.setdefault(request_id, number)
+                if first != number:
+                    found.append((number, f"duplicate id {json.dumps(request_id)} (first on line {first})"))
+        return found
+
+
+def iter_request_specs(path: str | os.PathLike[str]) -> Iterator[RequestSpec]:
+    """Stream the good requests of `path`; at the end raise BadInputError listing every bad line.
+
+    Good lines are yielded before the file is known to be good; call `validate_file` first when nothing
+    may happen unless the whole file is good.
+    """
+    scan = _Scan(path)
+    yield from scan
+    scan.finish()
+
+
+def validate_file(path: str | os.PathLike[str]) -> int:
+    """Read the whole file once and return its number of requests; raise BadInputError if any line is bad."""
+    scan = _Scan(path)
+    count = sum(1 for _ in scan)
+    scan.finish()
+    return count

@@ -1,0 +1,186 @@
+"""Output records: `specq run` lines, `export --format jsonl|csv|openai`.
+
+One request's output is built from its request (a `RequestSpec`, or a mapping with at least `id`, and
+for CSV/OpenAI `kind`, `prompt`, `messages`) and its `GenerationResult`. A failed request has
+`completion` and `finish_reason` null and its message in `error`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, Any, Protocol
+
+from jobs.inputs import RequestSpec
+
+CSV_COLUMNS = (
+    "id",
+    "prompt",
+    "completion",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "draft_tokens",
+    "accepted_tokens",
+    "status",
+    "error",
+)
+
+RequestLike = RequestSpec | Mapping[str, Any]
+
+
+class ResultLike(Protocol):
+    """What the records read of a result: `decoding.GenerationResult`, or a stored one (jobs.export),
+    so that exporting needs no torch."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def draft_tokens(self) -> int: ...
+    @property
+    def accepted_tokens(self) -> int: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+def _field(request: RequestLike, name: str) -> Any:
+    if isinstance(request, RequestSpec):
+        return getattr(request, name)
+    return request.get(name)
+
+
+def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool = False) -> dict:
+    """One line of `specq run`'s output or of `export --format jsonl`.
+
+    `with_tokens` adds `tokens`, the completion's token ids (exactly those `completion` decodes).
+    """
+    failed = result.error is not None
+    record: dict[str, Any] = {
+        "id": _field(request, "id"),
+        "completion": None if failed else result.text,
+        "finish_reason": None if failed else result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "draft_tokens": result.draft_tokens,
+        "accepted_tokens": result.accepted_tokens,
+    }
+    if with_tokens:
+        record["tokens"] = None if failed else list(result.token_ids)
+    record["error"] = result.error
+    return record
+
+
+def _hex_id() -> str:
+    return uuid.uuid4().hex
+
+
+def openai_record(request: RequestLike, result: ResultLike | None, *, model: str, created: int | None = None) -> dict:
+    """One line of the OpenAI Batch API's output file for `request`.
+
+    `result` None (a request that never ran, e.g. in a cancelled job) and a failed result both give
+    `response: null` and an `error` object; `custom_id` is the request's id whatever form its line had.
+    """
+    line: dict[str, Any] = {"id": f"batch_req_{_hex_id()}", "custom_id": _field(request, "id")}
+    if result is None:
+        line.update(response=None, error={"code": "not_run", "message": "the request did not run"})
+        return line
+    if result.error is not None:
+        line.update(response=None, error={"code": "generation_failed", "message": result.error})
+        return line
+    created = int(time.time()) if created is None else created
+    usage = {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+    body: dict[str, Any]
+    if _field(request, "kind") == "chat":
+        body = {
+            "id": f"chatcmpl-{_hex_id()}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": result.text},
+                    "logprobs": None,
+                    "finish_reason": result.finish_reason,
+                }
+            ],
+            "usage": usage,
+        }
+    else:
+        body = {
+            "id": f"cmpl-{_hex_id()}",
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}],
+            "usage": usage,
+        }
+    line.update(response={"status_code": 200, "request_id": _hex_id(), "body": body}, error=None)
+    return line
+
+
+def prompt_text(request: RequestLike) -> str:
+    """The prompt as one string: the text itself, or for chat requests the JSON of the messages."""
+    if _field(request, "kind") == "chat":
+        return json.dumps(_field(request, "messages"), ensure_ascii=False)
+    return _field(request, "prompt") or ""
+
+
+def csv_row(request: RequestLike, result: ResultLike | None, status: str) -> list[Any]:
+    """One CSV row in CSV_COLUMNS order; `result` None for a request that has none (not run yet)."""
+    if result is None:
+        return [_field(request, "id"), prompt_text(request), "", "", "", "", "", "", status, ""]
+    failed = result.error is not None
+    return [
+        _field(request, "id"),
+        prompt_text(request),
+        "" if failed else result.text,
+        "" if failed else result.finish_reason,
+        result.prompt_tokens,
+        result.completion_tokens,
+        result.draft_tokens,
+        result.accepted_tokens,
+        status,
+        result.error or "",
+    ]
+
+
+def csv_writer(out: IO[str]) -> Any:
+    """A csv writer with RFC 4180 quoting; open `out` with `newline=""` and `encoding="utf-8"`."""
+    return csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
+
+
+def write_csv(out: IO[str], rows: Iterable[list[Any]]) -> int:
+    """Write the header and `rows` (from csv_row); returns the number of rows."""
+    writer = csv_writer(out)
+    writer.writerow(CSV_COLUMNS)
+    count = 0
+    for row in rows:
+        writer.writerow(row)
+        count += 1
+    return count
+
+
+def write_jsonl(out: IO[str], records: Iterable[dict]) -> int:
+    """Write one JSON object a line (UTF-8 text, not \\u-escaped); returns the number of lines."""
+    count = 0
+    for record in records:
+        out.write(json.dumps(record, ensure_ascii=False))
+        out.write("\n")
+        count += 1
+    return count

@@ -1,0 +1,135 @@
+"""Job status and metrics, derived on read from raw counters (vLLM's definitions):
+
+- acceptance rate = accepted tokens / draft tokens;
+- mean acceptance length = 1 + accepted tokens / drafts (each draft also yields a recovered or bonus
+  token);
+- acceptance per position i = drafts whose token i was accepted / drafts;
+- tokens per second = generated tokens / wall time since the job started (to its end, or to now):
+  the job's throughput across all its workers.
+
+Generated tokens count completed requests' completion tokens (the job's counter, exact); the draft
+counters are summed over the job's ended batches (a batch whose worker died reports nothing).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from db.models import Batch, Job, Worker
+from db.session import Database
+from db.states import JOB_TERMINAL, WorkerState
+from db.types import utcnow
+from specq.errors import JobNotFoundError
+from worker.settings import QUEUE
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Per job: summed draft counters and per-position acceptance."""
+    out: dict[str, dict[str, Any]] = {
+        job_id: {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "per_position": []}
+        for job_id in job_ids
+    }
+    rows = session.execute(
+        select(
+            Batch.job_id,
+            Batch.num_drafts,
+            Batch.num_draft_tokens,
+            Batch.num_accepted_tokens,
+            Batch.accepted_per_position,
+        ).where(Batch.job_id.in_(job_ids), Batch.ended_at.is_not(None))
+    )
+    for job_id, drafts, draft_tokens, accepted, per_position in rows:
+        agg = out[job_id]
+        agg["num_drafts"] += drafts
+        agg["num_draft_tokens"] += draft_tokens
+        agg["num_accepted_tokens"] += accepted
+        sums = agg["per_position"]
+        for i, n in enumerate(per_position or []):
+            if i < len(sums):
+                sums[i] += n
+            else:
+                sums.append(n)
+    return out
+
+
+def _describe(job: Job, spec: dict[str, Any], now: datetime) -> dict[str, Any]:
+    drafts, draft_tokens, accepted = spec["num_drafts"], spec["num_draft_tokens"], spec["num_accepted_tokens"]
+    elapsed = ((job.finished_at or now) - job.started_at).total_seconds() if job.started_at else 0.0
+    return {
+        "id": job.id,
+        "state": job.state,
+        "total": job.total,
+        "completed": job.completed,
+        "failed": job.failed,
+        "remaining": job.total - job.completed - job.failed,
+        "generated_tokens": job.generated_tokens,
+        "tokens_per_second": job.generated_tokens / elapsed if elapsed > 0 else 0.0,
+        # 0.0 with no drafts yet (or no draft model), as EngineStats reports it
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 0.0,
+        "acceptance_per_position": [n / drafts for n in spec["per_position"]] if drafts else [],
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "target": job.target,
+        "draft": job.draft,
+        "input": job.input_name,
+        "created_at": _iso(job.created_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "elapsed_s": elapsed,
+    }
+
+
+def job_status(db: Database, job_id: str) -> dict[str, Any]:
+    """One job's state, counts and metrics; JobNotFoundError if there is none with this id."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job has the id {job_id!r}")
+        return _describe(job, _speculation(session, [job.id])[job.id], utcnow())
+
+
+def recent_jobs(db: Database, limit: int = 20) -> list[dict[str, Any]]:
+    """The `limit` most recent jobs, newest first."""
+    with db.session() as session:
+        jobs = session.scalars(select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit)).all()
+        spec = _speculation(session, [job.id for job in jobs])
+        now = utcnow()
+        return [_describe(job, spec[job.id], now) for job in jobs]
+
+
+def job_ended(state: str) -> bool:
+    return state in JOB_TERMINAL
+
+
+def live_workers(db: Database) -> list[dict[str, Any]]:
+    """Workers that are not stopped and whose heartbeat is recent, by name."""
+    cutoff = utcnow().timestamp() - QUEUE.live_s
+    with db.session() as session:
+        rows = session.scalars(
+            select(Worker).where(Worker.state != WorkerState.STOPPED).order_by(Worker.device, Worker.name)
+        ).all()
+        return [
+            {
+                "name": w.name,
+                "device": w.device,
+                "state": w.state,
+                "last_heartbeat": _iso(w.heartbeat_at),
+                "current_batch": w.current_batch,
+                "current_job": w.current_job,
+                "host": w.host,
+                "pid": w.pid,
+                "started_at": _iso(w.started_at),
+            }
+            for w in rows
+            if w.heartbeat_at.timestamp() >= cutoff
+        ]

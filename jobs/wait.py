@@ -1,0 +1,29 @@
+"""`submit --wait`: poll the job's status until it ends, reporting each poll."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from db.session import Database
+from jobs.status import job_ended, job_status
+
+
+def wait_for_job(
+    db: Database,
+    job_id: str,
+    on_update: Callable[[dict[str, Any]], None],
+    *,
+    interval_s: float = 0.5,
+    give_up: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """Poll every `interval_s` until the job ends (or `give_up()` says the work stopped); returns the
+    last status."""
+    while True:
+        stopped = give_up()  # read before the status, so the last poll sees everything the work wrote
+        status = job_status(db, job_id)
+        on_update(status)
+        if job_ended(status["state"]) or stopped:
+            return status
+        time.sleep(interval_s)

@@ -1,0 +1,210 @@
+"""`specq bench`: the derived-number formulas, token counting, output comparison, and one tiny run end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from bench.hf_baselines import completion_tokens
+from bench.runner import (
+    ROW_COLUMNS,
+    RUNS,
+    Run,
+    achievable_limit,
+    check_targets,
+    compare_outputs,
+    derive_row,
+    forward_time,
+    leviathan_bound,
+    mean_k,
+)
+from cli.bench import bench as bench_command
+from cli.main import cli
+
+
+# -- formulas -----------------------------------------------------------------------------------------
+def test_leviathan_bound_matches_the_paper():
+    # Leviathan et al. 2023, Eq. 1 / Theorem 3.8, worked by hand: a = 0.8, K = 4, c = 0.05
+    expected = (1 - 0.8**5) / ((1 - 0.8) * (4 * 0.05 + 1))
+    assert leviathan_bound(0.8, 0.05, 4) == pytest.approx(expected)
+    assert leviathan_bound(0.8, 0.05, 4) == pytest.approx(0.67232 / 0.24)  # 2.8013
+
+
+def test_leviathan_bound_edges():
+    assert leviathan_bound(0.0, 0.1, 4) == pytest.approx(1 / 1.4)  # nothing accepted: pure draft overhead
+    assert leviathan_bound(1.0, 0.0, 4) == pytest.approx(5.0)  # free draft, all accepted: K + 1 tokens a step
+    assert leviathan_bound(1.0, 0.25, 4) == pytest.approx(2.5)
+    # continuous at a = 1
+    assert leviathan_bound(1 - 1e-9, 0.25, 4) == pytest.approx(leviathan_bound(1.0, 0.25, 4), rel=1e-6)
+
+
+def test_achievable_limit():
+    # E = 3 tokens a step, target step 10 ms, draft 1 ms, verifying 5 tokens 12 ms: 3 * 10 / (4 * 1 + 12)
+    assert achievable_limit(3.0, 0.010, 0.001, 0.012, 4) == pytest.approx(30 / 16)
+    # with t_verify = t_target it is the Leviathan bound at the same a (E = (1 - a^(K+1)) / (1 - a))
+    a, c, k, t = 0.7, 0.1, 4, 0.02
+    e = (1 - a ** (k + 1)) / (1 - a)
+    assert achievable_limit(e, t, c * t, t, k) == pytest.approx(leviathan_bound(a, c, k))
+
+
+def test_forward_time_exact_or_nearest_rows():
+    seconds = {"draft@4": 0.001, "draft@2": 0.0008, "target:1@4": 0.01, "target:5@4": 0.03, "target:1@16": 0.05}
+    assert forward_time(seconds, "draft", 4) == 0.001
+    assert forward_time(seconds, "target:5", 4) == 0.03
+    assert forward_time(seconds, "draft", 3) == 0.001  # tie between 2 and 4: the larger batch
+    assert forward_time(seconds, "target:1", 15) == 0.05
+    assert forward_time(seconds, "target:3", 4) is None
+    assert forward_time({}, "draft", 1) is None
+
+
+def test_mean_k():
+    assert mean_k({0: 2, 4: 6}) == pytest.approx(3.0)
+    assert mean_k({}) is None
+
+
+# -- token counting, output comparison ----------------------------------------------------------------
+def test_completion_tokens_stop_before_the_first_eos():
+    assert completion_tokens([5, 6, 2, 2, 2], {2}) == [5, 6]  # EOS, then HF's padding
+    assert completion_tokens([5, 6, 7], {2}) == [5, 6, 7]
+    assert completion_tokens([3, 5], {2, 3}) == []
+
+
+def test_compare_outputs_reports_first_difference():
+    outputs = {
+        "target_only": {0: [1, 2, 3], 1: [4, 5]},
+        "spec": {0: [1, 2, 3], 1: [4, 5]},
+        "hf_batched": {0: [1, 9, 3], 1: [4, 5, 6]},
+    }
+    assert compare_outputs(outputs) == [
+        {"prompt": 0, "run": "hf_batched", "first_difference": 1, "reference_tokens": 3, "run_tokens": 3},
+        {"prompt": 1, "run": "hf_batched", "first_difference": 2, "reference_tokens": 2, "run_tokens": 3},
+    ]
+    assert compare_outputs({"target_only": {0: [1]}, "spec": {0: [1]}}) == []
+
+
+def _run(name, tokens, seconds, stats=None, k_steps=None, outputs=None):
+    return Run(name, 1, [tokens], [seconds], [seconds], [0.0, 0.0], outputs or {0: [1, 2]}, stats, k_steps)
+
+
+def _stats(a, e, drafts, forward_seconds):
+    return {"acceptance_rate": a, "mean_acceptance_length": e, "num_drafts": drafts, "forward_seconds": forward_seconds}
+
+
+def test_derive_row_combines_the_runs():
+    runs = {
+        "spec": _run("spec", 300, 1.0, _stats(0.7, 3.0, 10, {}), {4: 9, 0: 1}),
+        "spec_fixed": _run("spec_fixed", 320, 1.0, _stats(0.6, 3.4, 10, {"draft@1": 0.001, "target:5@1": 0.012})),
+        "target_only": _run("target_only", 100, 1.0, _stats(0.0, 0.0, 0, {"target:1@1": 0.010})),
+        "hf_batched": _run("hf_batched", 80, 1.0),
+        "hf_assisted": _run("hf_assisted", 60, 1.0, outputs={0: [1, 3]}),
+    }
+    row = derive_row(1, 1, 4, runs, compare=True)
+    assert set(row) == set(ROW_COLUMNS)
+    assert row["spec_over_target_only"] == pytest.approx(3.0)
+    assert row["spec_over_hf_assisted"] == pytest.approx(5.0)
+    assert row["target_only_over_hf_batched"] == pytest.approx(1.25)
+    assert row["cost_ratio"] == pytest.approx(0.1)
+    assert row["leviathan_bound"] == pytest.approx(leviathan_bound(0.6, 0.1, 4))
+    assert row["achievable_limit"] == pytest.approx(3.4 * 0.010 / (4 * 0.001 + 0.012))
+    assert row["efficiency_fixed"] == pytest.approx(3.2 / row["achievable_limit"])
+    assert row["spec_mean_k"] == pytest.approx(3.6)
+    assert row["same_output"] is False and row["same_output_prompts"] == 0
+    assert row["mismatches"][0]["run"] == "hf_assisted"
+    checks = {c["target"]: c["met"] for c in check_targets([row])}
+    assert checks["batch 1: spec / target-only"] is True
+    assert checks["batch 1: speedup (K fixed) / achievable limit"] is (row["efficiency_fixed"] >= 0.9)
+
+
+def test_derive_row_without_hf_or_comparison():
+    runs = {
+        "spec": _run("spec", 100, 1.0, _stats(0.0, 0.0, 0, {}), {0: 5}),
+        "spec_fixed": _run("spec_fixed", 100, 1.0, _stats(0.0, 0.0, 0, {})),
+        "target_only": _run("target_only", 100, 1.0, _stats(0.0, 0.0, 0, {})),
+    }
+    row = derive_row(4, 4, 4, runs, compare=False)
+    assert row["hf_batched_tokens_per_s"] is None and row["spec_over_hf_assisted"] is None
+    assert row["achievable_limit"] is None and row["same_output"] is None
+
+
+# -- end to end ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A tiny random Llama target, a noisy copy of it as the draft, and a byte-level BPE tokenizer."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from models.demo import heldout_prompts
+
+    root = tmp_path_factory.mktemp("tiny-pair")
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(heldout_prompts(40, 256), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>")
+    eos = tokenizer.eos_token_id
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        tie_word_embeddings=False,
+    )
+    target = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(6.0)  # sharpen the near-uniform random logits so greedy paths have no near-ties
+    draft = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.002)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft"
+
+
+def test_bench_end_to_end(tiny_pair, tmp_path):
+    assert cli.get_command(None, "bench") is bench_command  # importing cli.bench registered it
+    target, draft = tiny_pair
+    out = tmp_path / "bench.json"
+    markdown = tmp_path / "bench.md"
+    args = ["bench", "--target", str(target), "--draft", str(draft), "--batch-sizes", "1,2", "--num-prompts", "4"]
+    args += ["--max-tokens", "8", "--prompt-chars", "64", "--device", "cpu", "--json", str(out)]
+    result = CliRunner().invoke(cli, [*args, "--markdown", str(markdown)])
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())
+    assert [row["batch_size"] for row in results["rows"]] == [1, 2]
+    for row in results["rows"]:
+        assert set(ROW_COLUMNS) <= set(row), set(ROW_COLUMNS) - set(row)
+        for name in ("spec", "spec_fixed", "target_only", "hf_batched", "hf_assisted"):
+            assert row[f"{name}_tokens_per_s"] > 0, name
+        assert row["same_output"] is True, row["mismatches"]
+        assert row["same_output_prompts"] == 4
+        assert 0.0 < row["acceptance_rate"] <= 1.0  # the noisy copy agrees often
+        assert math.isfinite(row["leviathan_bound"]) and math.isfinite(row["achievable_limit"])
+    assert {"cpu", "cpu_count", "torch_threads", "torch", "transformers", "device"} <= set(results["machine"])
+    assert {run["name"] for run in results["runs"]} == set(RUNS)
+    assert results["targets"] and "| B |" in markdown.read_text()
+
+
+def test_bench_rejects_half_a_pair(tiny_pair):
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny_pair[0])], env={"SPECQ_DRAFT": None})
+    assert result.exit_code == 2, result.output

@@ -1,0 +1,155 @@
+"""Output records: run/jsonl lines, OpenAI Batch lines, CSV that any text survives."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from decoding.types import GenerationResult
+from jobs.inputs import RequestSpec
+from jobs.outputs import CSV_COLUMNS, csv_row, openai_record, result_record, write_csv, write_jsonl
+
+COMPLETION = RequestSpec(1, "q1", "completion", "def add(a, b):", None, {})
+CHAT = RequestSpec(2, "c1", "chat", None, [{"role": "user", "content": "hi"}], {"max_tokens": 4})
+
+
+def ok(text: str = " return a + b", finish: str = "stop") -> GenerationResult:
+    return GenerationResult(
+        key=1,
+        token_ids=[5, 6, 7],
+        text=text,
+        finish_reason=finish,  # type: ignore[arg-type]
+        prompt_tokens=6,
+        completion_tokens=3,
+        draft_tokens=8,
+        accepted_tokens=5,
+        seed=1,
+        latency_s=0.2,
+    )
+
+
+def failed() -> GenerationResult:
+    return GenerationResult(
+        key=1,
+        token_ids=[],
+        text="",
+        finish_reason=None,
+        prompt_tokens=5000,
+        completion_tokens=0,
+        error="prompt has 5000 tokens; the target's context is 2048",
+    )
+
+
+def test_result_record_fields() -> None:
+    assert result_record(COMPLETION, ok()) == {
+        "id": "q1",
+        "completion": " return a + b",
+        "finish_reason": "stop",
+        "prompt_tokens": 6,
+        "completion_tokens": 3,
+        "draft_tokens": 8,
+        "accepted_tokens": 5,
+        "error": None,
+    }
+    with_tokens = result_record({"id": "q1"}, ok(finish="length"), with_tokens=True)
+    assert with_tokens["tokens"] == [5, 6, 7]
+    assert with_tokens["finish_reason"] == "length"
+
+
+def test_result_record_failed() -> None:
+    record = result_record(COMPLETION, failed(), with_tokens=True)
+    assert record["completion"] is None
+    assert record["finish_reason"] is None
+    assert record["tokens"] is None
+    assert record["error"] == "prompt has 5000 tokens; the target's context is 2048"
+
+
+def test_openai_completion_line() -> None:
+    line = openai_record(COMPLETION, ok(), model="tgt", created=123)
+    assert line["id"].startswith("batch_req_")
+    assert line["custom_id"] == "q1"
+    assert line["error"] is None
+    response = line["response"]
+    assert response["status_code"] == 200 and response["request_id"]
+    body = response["body"]
+    assert body["object"] == "text_completion"
+    assert body["id"].startswith("cmpl-")
+    assert body["model"] == "tgt" and body["created"] == 123
+    assert body["choices"] == [{"text": " return a + b", "index": 0, "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
+    json.dumps(line)  # serialisable as it is
+
+
+def test_openai_chat_line_from_mapping() -> None:
+    request = {"id": "c1", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    body = openai_record(request, ok(text="hello"), model="tgt")["response"]["body"]
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
+    assert isinstance(body["created"], int)
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["total_tokens"] == 9
+
+
+def test_openai_failed_and_not_run() -> None:
+    line = openai_record(CHAT, failed(), model="tgt")
+    assert line["response"] is None
+    assert line["error"] == {
+        "code": "generation_failed",
+        "message": "prompt has 5000 tokens; the target's context is 2048",
+    }
+    line = openai_record(CHAT, None, model="tgt")
+    assert line["response"] is None and line["error"]["code"] == "not_run"
+    assert line["custom_id"] == "c1"
+
+
+NASTY = [
+    'quote " and ""double""',
+    "comma, and; semicolon",
+    "new\nline and\r\nCRLF and lone \r",
+    "unicode: h\u00e9llo \u2603 \U0001f600 \u202eRTL",
+    "   leading and trailing spaces   ",
+    "",
+    "tab\tand back\\slash",
+]
+
+
+def test_csv_round_trip_of_nasty_text() -> None:
+    buf = io.StringIO(newline="")
+    rows = [
+        csv_row({"id": f"id,{i}\n", "kind": "completion", "prompt": t}, ok(text=t), "completed")
+        for i, t in enumerate(NASTY)
+    ]
+    rows.append(csv_row(CHAT, failed(), "failed"))
+    rows.append(csv_row(COMPLETION, None, "cancelled"))
+    assert write_csv(buf, rows) == len(NASTY) + 2
+    raw = buf.getvalue().encode("utf-8")
+    assert raw.startswith(b"id,prompt,completion,finish_reason,prompt_tokens,")
+    assert raw.endswith(b"\r\n")
+
+    read = list(csv.reader(io.StringIO(raw.decode("utf-8"), newline="")))
+    assert tuple(read[0]) == CSV_COLUMNS
+    for i, text in enumerate(NASTY):
+        row = dict(zip(CSV_COLUMNS, read[1 + i], strict=True))
+        assert row["id"] == f"id,{i}\n"
+        assert row["prompt"] == text
+        assert row["completion"] == text
+        assert row["finish_reason"] == "stop"
+        assert (row["prompt_tokens"], row["completion_tokens"]) == ("6", "3")
+        assert (row["draft_tokens"], row["accepted_tokens"]) == ("8", "5")
+        assert (row["status"], row["error"]) == ("completed", "")
+    chat = dict(zip(CSV_COLUMNS, read[-2], strict=True))
+    assert json.loads(chat["prompt"]) == CHAT.messages
+    assert (chat["completion"], chat["finish_reason"], chat["status"]) == ("", "", "failed")
+    assert chat["error"].startswith("prompt has 5000 tokens")
+    cancelled = dict(zip(CSV_COLUMNS, read[-1], strict=True))
+    assert cancelled["status"] == "cancelled" and cancelled["completion"] == ""
+
+
+def test_jsonl_writes_unicode_unescaped() -> None:
+    buf = io.StringIO()
+    assert write_jsonl(buf, [result_record(COMPLETION, ok(text='\u2603\n"'))]) == 1
+    text = buf.getvalue()
+    assert "\u2603" in text and text.endswith("\n") and text.count("\n") == 1
+    assert json.loads(text)["completion"] == '\u2603\n"'

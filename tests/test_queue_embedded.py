@@ -1,0 +1,65 @@
+"""The embedded default: no broker, the job runs inside `submit` through the workers' own task code."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import invoke, job_status, reference_greedy, services_env, write_requests
+
+LINES = [
+    {"id": "g1", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0},
+    {
+        "custom_id": "c1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0},
+    },
+    {"id": "long", "prompt": "x", "max_tokens": 999},
+    {"prompt": "class A:", "max_tokens": 4, "temperature": 0.7},
+]
+
+
+def test_embedded_sqlite_with_no_services_at_all(tiny_pair, tmp_path) -> None:
+    env = {"SPECQ_HOME": str(tmp_path / "home")}  # no database URL, no broker: SQLite in SPECQ_HOME
+    path = write_requests(tmp_path / "in.jsonl", LINES)
+    result = invoke(["submit", path, "--target", tiny_pair[0], "--draft", tiny_pair[1], "--wait"], env)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert result.stdout == job_id + "\n"
+    assert "running here (no broker)" in result.stderr
+    assert (tmp_path / "home" / "specq.db").exists()
+    info = job_status(env, job_id)
+    assert (info["state"], info["completed"], info["failed"]) == ("completed", 3, 1)
+
+    out = tmp_path / "out.jsonl"
+    assert invoke(["export", job_id, "-o", str(out)], env).exit_code == 0  # jsonl from the extension
+    records = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    assert list(records) == ["g1", "c1", "long", "4"]
+    for request_id, tokens in reference_greedy(tiny_pair[0], LINES).items():
+        assert records[request_id]["tokens"] == tokens
+
+    result = invoke(["retry", job_id], env)  # runs in-process too; the too-long request fails again
+    assert result.exit_code == 0, result.output
+    assert "1 requests requeued" in result.output and "3 completed, 1 failed" in result.output
+
+
+def test_embedded_postgres_without_wait(pg_db_url, tiny_pair, tmp_path) -> None:
+    env = services_env(pg_db_url, None, tmp_path / "home")
+    path = write_requests(tmp_path / "in.jsonl", LINES[:2])
+    result = invoke(["submit", path, "--target", tiny_pair[0]], env)
+    assert result.exit_code == 0, result.output
+    info = job_status(env, result.stdout.strip())
+    assert (info["state"], info["completed"]) == ("completed", 2)
+
+
+def test_bad_file_stores_nothing_in_sqlite(tiny_pair, tmp_path, sqlite_url) -> None:
+    from db.models import Job, Request
+    from tests.conftest import count_rows
+
+    path = write_requests(tmp_path / "bad.jsonl", [LINES[0], {"prompt": ""}, LINES[1]])
+    result = invoke(["submit", path, "--target", tiny_pair[0], "--database-url", sqlite_url])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[0] == f'{path}:2: "prompt" must not be empty'
+    assert count_rows(sqlite_url, Job) == 0 and count_rows(sqlite_url, Request) == 0
+    listing = invoke(["status", "--json", "--database-url", sqlite_url])
+    assert listing.exit_code == 0 and json.loads(listing.stdout) == []

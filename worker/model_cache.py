@@ -1,0 +1,56 @@
+"""Models stay loaded between chunks: a small LRU keyed by (target, draft, dtype, device)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from models.loading import ModelPair
+
+log = logging.getLogger(__name__)
+
+CacheKey = tuple[str, str | None, str | None, str]  # (target, draft, dtype, device)
+
+
+class ModelCache:
+    """At most `capacity` model pairs; the least recently used one is dropped to load a new one."""
+
+    def __init__(self, capacity: int = 1) -> None:
+        # 1 by default: a GPU rarely holds two target models, and jobs of one model come in runs
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._pairs: OrderedDict[CacheKey, ModelPair] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, target: str, draft: str | None, dtype: str | None, device: str) -> ModelPair:
+        from models.loading import load_pair
+
+        key = (target, draft, dtype, device)
+        with self._lock:
+            pair = self._pairs.get(key)
+            if pair is not None:
+                self._pairs.move_to_end(key)
+                return pair
+            while len(self._pairs) >= self.capacity:
+                old_key, _ = self._pairs.popitem(last=False)
+                log.info("unloading %s / %s from %s", old_key[0], old_key[1], old_key[3])
+                _free_memory(device)
+            pair = load_pair(target, draft, device=device, dtype=dtype)
+            self._pairs[key] = pair
+            return pair
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+
+def _free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()

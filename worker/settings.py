@@ -1,0 +1,59 @@
+"""Queue timing, one frozen dataclass (nanoGPT's GPTConfig style), and how the numbers fit together.
+
+A job is split into chunks of `chunk_size` requests, one Celery task each. A worker claims a chunk's
+requests under a lease of `lease_s` and renews it every `heartbeat_s` while it runs, so a lease only
+expires when its worker is gone; then any worker's sweeper puts the requests back and enqueues them again.
+Redis redelivers an unacknowledged task after `visibility_timeout_s`, which must stay above the longest
+a chunk may run, else a healthy chunk is delivered twice (harmless: the copy finds every request leased
+and claims nothing, but it costs a queue slot).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    # A job is cut into about `target_chunks` chunks, so that many workers can share it, each of at
+    # least `min_batches_per_chunk` batches (continuous batching keeps its slots full within a chunk) and
+    # at most `max_chunk_size` requests (a lost worker costs little; 1M lines are ~1000 tasks to enqueue)
+    target_chunks: int = 256
+    min_batches_per_chunk: int = 4
+    max_chunk_size: int = 1024
+    heartbeat_s: float = 5.0  # workers table heartbeat and lease renewal
+    lease_s: float = 60.0  # a claim with no renewal for this long belongs to a dead worker
+    sweep_s: float = 15.0  # how often a worker looks for expired leases
+    live_s: float = 30.0  # a worker whose heartbeat is older than this is not listed as live
+    # a chunk of max_chunk_size requests at max_tokens 1024 is ~1M decoded tokens: under 2 hours even at
+    # a slow 200 tokens/s; Redis redelivers only after this
+    visibility_timeout_s: int = 4 * 3600
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_s * 3 <= self.lease_s:
+            raise ValueError("lease_s must cover at least 3 heartbeats, so one late beat loses no lease")
+        if self.lease_s >= self.visibility_timeout_s:
+            raise ValueError("visibility_timeout_s must exceed lease_s: the sweeper, not Redis, recovers first")
+        if min(self.target_chunks, self.min_batches_per_chunk, self.max_chunk_size) < 1:
+            raise ValueError("target_chunks, min_batches_per_chunk and max_chunk_size must be >= 1")
+
+    def chunk_size(self, total: int, batch_size: int) -> int:
+        """Requests per chunk task for a job of `total` requests decoded `batch_size` at a time."""
+        wanted = max(-(-total // self.target_chunks), self.min_batches_per_chunk * batch_size)
+        return max(1, min(self.max_chunk_size, wanted))
+
+    @classmethod
+    def from_env(cls) -> QueueSettings:
+        """Defaults, with the timings overridable as SPECQ_HEARTBEAT_S, SPECQ_LEASE_S, SPECQ_SWEEP_S
+        (tests shorten them to watch a dead worker's requests come back within seconds)."""
+        overrides: dict[str, Any] = {}
+        for name in ("heartbeat_s", "lease_s", "sweep_s"):
+            value = os.environ.get(f"SPECQ_{name.upper()}")
+            if value:
+                overrides[name] = float(value)
+        return cls(**overrides)
+
+
+QUEUE = QueueSettings.from_env()
