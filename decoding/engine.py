@@ -376,7 +376,8 @@ class SpeculativeEngine:
         kv_length = min(int((batch.draft_h + width).max()), batch.capacity)
         logits = self._forward(self.draft, batch.draft_cache, batch.token_ids.gather(1, columns), columns, kv_length)
         last = logits.gather(1, (unseen - 1).view(-1, 1, 1).expand(-1, 1, logits.shape[-1])).squeeze(1)
-        token_ids, probs = [], []
+        token_ids: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
         for i in range(k):
             if i:
                 columns = (batch.seq_lens + (i - 1)).unsqueeze(1)  # [rows, 1]: d_i's column
