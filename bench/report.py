@@ -48,13 +48,23 @@ THROUGHPUT: list[tuple[str, str | None, Format]] = [
     ("target-only / HF batched", "target_only_over_hf_batched", _times),
     ("same output", None, _same),  # type: ignore[list-item]
 ]
+CPU_RATES: list[tuple[str, str | None, Format]] = [
+    ("B", "batch_size", str),
+    ("spec", "spec_tokens_per_cpu_s", _num(1)),
+    ("spec K", "spec_fixed_tokens_per_cpu_s", _num(1)),
+    ("target-only", "target_only_tokens_per_cpu_s", _num(1)),
+    ("HF batched", "hf_batched_tokens_per_cpu_s", _num(1)),
+    ("HF assisted", "hf_assisted_tokens_per_cpu_s", _num(1)),
+]
 ANALYSIS: list[tuple[str, str | None, Format]] = [
     ("B", "batch_size", str),
-    ("a", "acceptance_rate", _num(3)),
+    ("a (acc/draft)", "acceptance_rate", _num(3)),
+    ("alpha", "alpha", _num(3)),
     ("mean acc. len", "mean_acceptance_length", _num(2)),
     ("t_target ms", "t_target_step_ms", _num(2)),
     ("t_draft ms", "t_draft_step_ms", _num(2)),
     ("t_verify(K+1) ms", "t_verify_ms", _num(2)),
+    ("step overhead ms", "step_overhead_ms", _num(2)),
     ("c", "cost_ratio", _num(3)),
     ("Leviathan bound", "leviathan_bound", _times),
     ("achievable limit", "achievable_limit", _times),
@@ -75,7 +85,8 @@ def _tables(results: dict[str, Any]) -> list[tuple[str, list[tuple[str, str | No
     k = results["settings"]["num_speculative_tokens"]
     return [
         ("Throughput (completion tokens per second, wall clock)", THROUGHPUT),
-        (f"Speculation analysis (K = {k}; a, acceptance length, t_draft, t_verify from the K-fixed run)", ANALYSIS),
+        ("Tokens per CPU-second of this process (robust to other load only with --threads 1)", CPU_RATES),
+        (f"Speculation analysis (K = {k}; a, alpha, acceptance length, t_draft, t_verify: K-fixed run)", ANALYSIS),
     ]
 
 

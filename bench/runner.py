@@ -9,22 +9,28 @@ For each batch size B, on the same prompt token ids and sampling settings:
     hf_assisted   HF assisted generation at batch 1 (its only batch size), the same on every row.
 
 Each run is warmed up first (`warmup` full passes over the prompts, on the same engine, so the
-adaptive policy starts from measured step times), then timed by the wall clock around the whole pass;
-tokens are completion tokens (EOS excluded, as the engine counts them).
+adaptive policy starts from measured step times), then timed by the wall clock around the whole pass,
+the timed passes of all runs at one batch size taking turns; tokens are completion tokens (EOS
+excluded, as the engine counts them).
 
-Derived numbers, from the runs' `EngineStats` (terms as in decoding/stats.py):
+Derived numbers. Forward times are means over every step of the timed passes, recorded through
+the engine policy's `observe_step` and keyed as `EngineStats.forward_seconds` (whose own values are
+moving averages that one slow step skews); counters are `EngineStats`' (terms as in decoding/stats.py):
 
-    a         acceptance rate of spec_fixed (accepted / draft tokens);
+    a         acceptance rate of spec_fixed (vLLM's: accepted / draft tokens);
+    alpha     its per-token acceptance rate as Leviathan et al. define it (accepted / positions reached);
     E         its mean acceptance length (tokens a row gains per step: accepted + recovered or bonus);
     t_target  one single-token target forward at B rows (`target:1@B` of target_only);
     t_draft   one draft forward at B rows (`draft@B` of spec_fixed);
     t_verify  one target forward with K + 1 tokens a row at B rows (`target:{K+1}@B` of spec_fixed);
     c         t_draft / t_target, the cost ratio;
-    Leviathan bound    (1 - a^(K+1)) / ((1 - a)(K c + 1)), Leviathan et al. 2023, Theorem 3.8: the
+    Leviathan bound    (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), Leviathan et al. 2023, Theorem 3.8: the
                        speedup if verifying K + 1 tokens cost one target step (true on a GPU at small B);
     achievable limit   E t_target / (K t_draft + t_verify): the speedup these measured forward times
                        allow with no overhead at all outside the forward passes;
-    efficiency         measured speedup (spec_fixed or spec tokens/s over target_only) / achievable limit.
+    efficiency         measured speedup (spec_fixed or spec tokens/s over target_only) / achievable limit;
+    step overhead      a whole K-step's mean wall time (`step:K@B`) minus K t_draft + t_verify: the
+                       time the engine spends outside the forward passes (accept, advance, host sync).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import os
 import platform
 import statistics
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -61,11 +67,17 @@ ROW_COLUMNS = (
     "target_only_tokens_per_s",
     "hf_batched_tokens_per_s",
     "hf_assisted_tokens_per_s",
+    "spec_tokens_per_cpu_s",
+    "spec_fixed_tokens_per_cpu_s",
+    "target_only_tokens_per_cpu_s",
+    "hf_batched_tokens_per_cpu_s",
+    "hf_assisted_tokens_per_cpu_s",
     "spec_over_target_only",
     "spec_over_hf_batched",
     "spec_over_hf_assisted",
     "target_only_over_hf_batched",
     "acceptance_rate",
+    "alpha",
     "mean_acceptance_length",
     "spec_acceptance_rate",
     "spec_mean_acceptance_length",
@@ -74,6 +86,8 @@ ROW_COLUMNS = (
     "t_target_step_ms",
     "t_draft_step_ms",
     "t_verify_ms",
+    "t_step_fixed_ms",
+    "step_overhead_ms",
     "cost_ratio",
     "leviathan_bound",
     "achievable_limit",
@@ -128,28 +142,61 @@ class Run:
     outputs: dict[int, list[int]] = field(default_factory=dict)  # prompt index -> completion token ids
     stats: dict[str, Any] | None = None  # EngineStats.to_dict() over the timed passes (specq runs)
     k_steps: dict[int, int] | None = None  # steps that proposed k tokens (specq runs)
+    # per-step times over the timed passes, keyed as EngineStats.forward_seconds (plus `step:k@rows`, a
+    # whole step): {"mean", "median", "count"} (specq runs)
+    step_seconds: dict[str, dict[str, float]] | None = None
+    policy: dict[str, Any] | None = None  # what the adaptive-k policy believed at the end (specq runs)
 
     @property
     def tokens_per_second(self) -> float:
         return statistics.median(t / s for t, s in zip(self.tokens, self.seconds, strict=True) if s > 0)
 
+    @property
+    def tokens_per_cpu_second(self) -> float:
+        """Tokens per second of this process's CPU time. With one torch thread this is the rate on a core
+        of its own, whatever else runs on the machine; with more, threads that spin-wait for a descheduled
+        sibling count too, so it is no cleaner than the wall clock."""
+        return statistics.median(t / s for t, s in zip(self.tokens, self.cpu_seconds, strict=True) if s > 0)
+
     def forward_seconds(self) -> dict[str, float]:
+        """Mean seconds of each kind of forward pass over every step of the timed passes; the engine's
+        own `forward_seconds` (an exponential moving average, which one slow step can dominate for
+        dozens of steps) where these were not recorded."""
+        if self.step_seconds:
+            return {key: value["mean"] for key, value in self.step_seconds.items()}
         return self.stats["forward_seconds"] if self.stats else {}
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["outputs"] = {str(i): tokens for i, tokens in sorted(self.outputs.items())}
         out["tokens_per_second"] = self.tokens_per_second
+        out["tokens_per_cpu_second"] = self.tokens_per_cpu_second
         return out
 
 
 # -- the derived numbers (pure) ---------------------------------------------------------------------
-def leviathan_bound(acceptance_rate: float, cost_ratio: float, k: int) -> float:
+def leviathan_bound(alpha: float, cost_ratio: float, k: int) -> float:
     """Expected speedup of speculative decoding with k draft tokens (Leviathan et al. 2023, Theorem
-    3.8): (1 - a^(k+1)) / ((1 - a)(k c + 1)), with its limit (k + 1) / (k c + 1) at a = 1."""
-    if acceptance_rate >= 1.0:
+    3.8): (1 - a^(k+1)) / ((1 - a)(k c + 1)), with its limit (k + 1) / (k c + 1) at a = 1.
+
+    `alpha` is the paper's acceptance rate: the probability that a draft token is accepted given
+    that the ones before it were (see `per_token_acceptance`), not vLLM's accepted / draft tokens."""
+    if alpha >= 1.0:
         return (k + 1) / (k * cost_ratio + 1)
-    return (1 - acceptance_rate ** (k + 1)) / ((1 - acceptance_rate) * (k * cost_ratio + 1))
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
+
+
+def per_token_acceptance(num_drafts: int, accepted_per_position: Sequence[int]) -> float | None:
+    """Leviathan's alpha from the engine's raw counters: accepted draft tokens / draft positions the
+    target looked at (position j of a draft is looked at when positions < j were all accepted).
+
+    vLLM's acceptance rate, accepted / draft tokens, divides by every proposed token instead; with
+    K = 4 and alpha = 0.5 it is (0.5 + 0.25 + 0.125 + 0.0625) / 4 = 0.23. Steps that proposed fewer
+    than K tokens (at the end of a sequence) count as if they had proposed K: a slight overestimate."""
+    if not num_drafts:
+        return None
+    reached = num_drafts + sum(accepted_per_position[:-1])
+    return sum(accepted_per_position) / reached
 
 
 def achievable_limit(
@@ -218,14 +265,17 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
     """One row of the results from the runs at one batch size (`rows`: the batch the engine actually
     formed, min(B, prompts)). `compare`: check that outputs agree (greedy decoding only)."""
     rate = {name: run.tokens_per_second for name, run in runs.items()}
+    cpu_rate = {name: run.tokens_per_cpu_second for name, run in runs.items()}
     spec, fixed, plain = runs["spec"], runs["spec_fixed"], runs["target_only"]
     assert spec.stats is not None and fixed.stats is not None
     t_target = forward_time(plain.forward_seconds(), "target:1", rows)
     t_draft = forward_time(fixed.forward_seconds(), "draft", rows)
     t_verify = forward_time(fixed.forward_seconds(), f"target:{k + 1}", rows)
+    t_step = forward_time(fixed.forward_seconds(), f"step:{k}", rows)
     a, e = fixed.stats["acceptance_rate"], fixed.stats["mean_acceptance_length"]
+    alpha = per_token_acceptance(fixed.stats["num_drafts"], fixed.stats["accepted_per_position"])
     c = ratio(t_draft, t_target)
-    bound = leviathan_bound(a, c, k) if c is not None else None
+    bound = leviathan_bound(alpha, c, k) if c is not None and alpha is not None else None
     limit = (
         achievable_limit(e, t_target, t_draft, t_verify, k)
         if t_target and t_draft and t_verify and fixed.stats["num_drafts"]
@@ -243,11 +293,13 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
         "batch_size": batch_size,
         "rows": rows,
         **{f"{name}_tokens_per_s": rate.get(name) for name in RUNS},
+        **{f"{name}_tokens_per_cpu_s": cpu_rate.get(name) for name in RUNS},
         "spec_over_target_only": speedup_adaptive,
         "spec_over_hf_batched": ratio(rate["spec"], rate.get("hf_batched")),
         "spec_over_hf_assisted": ratio(rate["spec"], rate.get("hf_assisted")),
         "target_only_over_hf_batched": ratio(rate["target_only"], rate.get("hf_batched")),
         "acceptance_rate": a,
+        "alpha": alpha,
         "mean_acceptance_length": e,
         "spec_acceptance_rate": spec.stats["acceptance_rate"],
         "spec_mean_acceptance_length": spec.stats["mean_acceptance_length"],
@@ -256,6 +308,8 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
         "t_target_step_ms": ms(t_target),
         "t_draft_step_ms": ms(t_draft),
         "t_verify_ms": ms(t_verify),
+        "t_step_fixed_ms": ms(t_step),
+        "step_overhead_ms": ms(t_step - k * t_draft - t_verify) if t_step and t_draft and t_verify else None,
         "cost_ratio": c,
         "leviathan_bound": bound,
         "achievable_limit": limit,
@@ -339,58 +393,68 @@ def run_bench(
     settings: BenchSettings,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
-    """All runs at every batch size, the derived rows and the target checks, as one JSON-able dict."""
+    """All runs at every batch size, the derived rows and the target checks, as one JSON-able dict.
+
+    At each batch size every contender is warmed up first, then the timed passes go round-robin
+    (spec, spec_fixed, target_only, hf_batched, and hf_assisted with the first batch size), so that
+    load from other processes, which drifts over minutes, hits every contender alike."""
     k = settings.num_speculative_tokens
     greedy = settings.temperature == 0
-    params = [
-        SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature, seed=settings.seed + i)
-        for i in range(len(prompts))
+    requests = [
+        GenerationRequest(
+            i,
+            tuple(p),
+            SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature, seed=settings.seed + i),
+        )
+        for i, p in enumerate(prompts)
     ]
-    requests = [GenerationRequest(i, tuple(p), params[i]) for i, p in enumerate(prompts)]
     eos_token_ids = SpeculativeEngine(target, tokenizer).eos_token_ids
     pad_token_id = _pad_token_id(tokenizer, eos_token_ids)
     hf_config = hf_baselines.generation_config(settings.max_tokens, settings.temperature, pad_token_id, eos_token_ids)
 
     assisted: Run | None = None
-    if settings.hf_assisted:
-        progress("HF assisted generation (batch 1, prompts one by one)")
-        assisted = _timed(
-            "hf_assisted",
-            1,
-            settings,
-            lambda: hf_baselines.assisted_generate(
-                target, draft, prompts, hf_config, eos_token_ids, settings.hf_assistant_tokens
-            ),
-        )
-        progress(_line(assisted))
-
     rows: list[dict[str, Any]] = []
-    runs_out: list[Run] = []
+    all_runs: list[Run] = []
     for b in settings.batch_sizes:
-        runs: dict[str, Run] = {}
+        contenders = []
         for name in SPECQ_RUNS:
             config = DecodingConfig(num_speculative_tokens=k, fixed_k=name == "spec_fixed", batch_size=b)
             engine = SpeculativeEngine(target, tokenizer, None if name == "target_only" else draft, config)
-            runs[name] = _run_engine(name, engine, requests, settings)
-            progress(_line(runs[name]))
+            contenders.append(_EngineContender(Run(name, b), engine, requests))
         if settings.hf_batched:
-            runs["hf_batched"] = _timed(
-                "hf_batched",
-                b,
-                settings,
-                functools.partial(hf_baselines.batched_generate, target, prompts, b, hf_config, eos_token_ids),
+            batched = functools.partial(hf_baselines.batched_generate, target, prompts, b, hf_config, eos_token_ids)
+            contenders.append(_Contender(Run("hf_batched", b), batched))
+        if settings.hf_assisted and assisted is None:
+            assisted = Run("hf_assisted", 1)
+            contenders.append(
+                _Contender(
+                    assisted,
+                    functools.partial(
+                        hf_baselines.assisted_generate,
+                        target,
+                        draft,
+                        prompts,
+                        hf_config,
+                        eos_token_ids,
+                        settings.hf_assistant_tokens,
+                    ),
+                )
             )
-            progress(_line(runs["hf_batched"]))
+        progress(f"B={b}: warming up {', '.join(c.run.name for c in contenders)}")
+        _measure(contenders, settings)
+        runs = {c.run.name: c.run for c in contenders}
+        for run in runs.values():
+            progress(_line(run))
+        all_runs.extend(runs.values())
         if assisted is not None:
             runs["hf_assisted"] = assisted
         rows.append(derive_row(b, min(b, len(prompts)), k, runs, compare=greedy))
-        runs_out.extend(run for name, run in runs.items() if name != "hf_assisted")
         if greedy and not rows[-1]["same_output"]:
             logger.warning("batch %s: outputs differ: %s", b, rows[-1]["mismatches"])
     return {
         "rows": rows,
         "targets": check_targets(rows),
-        "runs": [run.to_dict() for run in ([assisted] if assisted else []) + runs_out],
+        "runs": [run.to_dict() for run in all_runs],
         "hf_assistant": hf_baselines.assistant_settings(draft, settings.hf_assistant_tokens),
         "eos_token_ids": sorted(eos_token_ids),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -402,41 +466,70 @@ def _pad_token_id(tokenizer, eos_token_ids: Iterable[int]) -> int:
     return pad if isinstance(pad, int) else min(eos_token_ids, default=0)
 
 
-def _run_engine(
-    name: str, engine: SpeculativeEngine, requests: list[GenerationRequest], settings: BenchSettings
-) -> Run:
-    """Warm the engine up (its adaptive policy keeps what it measured), then time `repeats` passes."""
-    for _ in range(settings.warmup):
-        _collect(engine.generate(requests))
-    engine.reset_stats()
-    k_steps = _count_k(engine)
-    run = Run(name, engine.config.batch_size, load_average=[os.getloadavg()[0]])
-    for _ in range(settings.repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        outputs = _collect(engine.generate(requests))
-        run.seconds.append(time.perf_counter() - wall)
-        run.cpu_seconds.append(time.process_time() - cpu)
-        run.tokens.append(sum(len(tokens) for tokens in outputs.values()))
-        run.outputs = outputs
-    run.load_average.append(os.getloadavg()[0])
-    run.stats = engine.stats.to_dict()
-    run.k_steps = dict(sorted(k_steps.items()))
-    return run
+class _Contender:
+    """One way of decoding all the prompts: `once()` is one full pass."""
+
+    def __init__(self, run: Run, once: Callable[[], hf_baselines.BaselineRun]):
+        self.run, self._once = run, once
+
+    def once(self) -> tuple[dict[int, list[int]], float]:
+        result = self._once()
+        return result.outputs, result.seconds
+
+    def begin(self) -> None:
+        """Called after the warm-up, before the first timed pass."""
+
+    def end(self) -> None:
+        """Called after the last timed pass."""
 
 
-def _timed(name: str, batch_size: int, settings: BenchSettings, once: Callable[[], hf_baselines.BaselineRun]) -> Run:
-    for _ in range(settings.warmup):
-        once()
-    run = Run(name, batch_size, load_average=[os.getloadavg()[0]])
+class _EngineContender(_Contender):
+    """A specq engine; its policy keeps what the warm-up measured, its stats cover the timed passes."""
+
+    def __init__(self, run: Run, engine: SpeculativeEngine, requests: list[GenerationRequest]):
+        super().__init__(run, lambda: hf_baselines.BaselineRun({}, 0.0))
+        self.engine, self.requests = engine, requests
+        self.k_steps: Counter = Counter()
+        self.step_samples: dict[str, list[float]] = defaultdict(list)
+
+    def once(self) -> tuple[dict[int, list[int]], float]:
+        started = time.perf_counter()
+        outputs = _collect(self.engine.generate(self.requests))
+        return outputs, time.perf_counter() - started
+
+    def begin(self) -> None:
+        self.engine.reset_stats()
+        _observe_policy(self.engine, self.k_steps, self.step_samples)
+
+    def end(self) -> None:
+        self.run.stats = self.engine.stats.to_dict()
+        self.run.k_steps = dict(sorted(self.k_steps.items()))
+        self.run.policy = _policy_snapshot(self.engine)
+        self.run.step_seconds = {
+            key: {"mean": statistics.fmean(v), "median": statistics.median(v), "count": len(v)}
+            for key, v in sorted(self.step_samples.items())
+        }
+
+
+def _measure(contenders: list[_Contender], settings: BenchSettings) -> None:
+    for contender in contenders:
+        for _ in range(settings.warmup):
+            contender.once()
+        contender.begin()
+    for contender in contenders:
+        contender.run.load_average.append(os.getloadavg()[0])
     for _ in range(settings.repeats):
-        cpu = time.process_time()
-        result = once()
-        run.cpu_seconds.append(time.process_time() - cpu)
-        run.seconds.append(result.seconds)
-        run.tokens.append(result.tokens)
-        run.outputs = result.outputs
-    run.load_average.append(os.getloadavg()[0])
-    return run
+        for contender in contenders:
+            cpu = time.process_time()
+            outputs, seconds = contender.once()
+            run = contender.run
+            run.cpu_seconds.append(time.process_time() - cpu)
+            run.seconds.append(seconds)
+            run.tokens.append(sum(len(tokens) for tokens in outputs.values()))
+            run.outputs = outputs
+    for contender in contenders:
+        contender.end()
+        contender.run.load_average.append(os.getloadavg()[0])
 
 
 def _collect(results) -> dict[int, list[int]]:
@@ -448,18 +541,49 @@ def _collect(results) -> dict[int, list[int]]:
     return outputs
 
 
-def _count_k(engine: SpeculativeEngine) -> Counter:
-    """Count the k the engine's policy picks each step (read-only: wraps `policy.choose`)."""
-    counts: Counter = Counter()
-    choose = engine.policy.choose
+def _policy_snapshot(engine: SpeculativeEngine) -> dict[str, Any] | None:
+    """The policy's estimates, for diagnosis: alpha_j per draft position, and its step-time means in ms
+    (one draft forward, target forward by width, the rest of a step), by row count."""
+    policy = engine.policy
+    try:
+
+        def ms(mean) -> float | None:
+            return None if mean.value is None else round(mean.value * 1e3, 3)
+
+        return {
+            "alpha": [round(float(a), 4) for a in policy.acceptance()],
+            "t_draft_ms": {str(rows): ms(m) for rows, m in sorted(policy.t_draft.items())},
+            "t_target_ms": {
+                str(rows): {str(w): ms(m) for w, m in sorted(widths.items())}
+                for rows, widths in sorted(policy.t_target.items())
+            },
+            "t_overhead_ms": {str(rows): ms(m) for rows, m in sorted(policy.t_overhead.items())},
+        }
+    except (AttributeError, TypeError):  # a policy of another shape: the snapshot is optional
+        return None
+
+
+def _observe_policy(engine: SpeculativeEngine, k_steps: Counter, samples: dict[str, list[float]]) -> None:
+    """Record what the engine's policy sees, through its public methods (read-only wrappers): the k
+    picked each step, and every step's measured times, keyed as `forward_seconds` is
+    (`draft@rows`, `target:N@rows`), plus `step:k@rows`, a whole step's wall time."""
+    policy = engine.policy
+    choose, observe_step = policy.choose, policy.observe_step
 
     def counted(rows: int, limit: int) -> int:
         k = choose(rows, limit)
-        counts[k] += 1
+        k_steps[k] += 1
         return k
 
-    engine.policy.choose = counted  # type: ignore[method-assign]
-    return counts
+    def observed(rows: int, k: int, t_draft: float, t_target: float, t_total: float) -> None:
+        if k:
+            samples[f"draft@{rows}"].append(t_draft / k)
+        samples[f"target:{k + 1}@{rows}"].append(t_target)
+        samples[f"step:{k}@{rows}"].append(t_total)
+        observe_step(rows, k, t_draft, t_target, t_total)
+
+    policy.choose = counted  # type: ignore[method-assign]
+    policy.observe_step = observed  # type: ignore[method-assign]
 
 
 def _line(run: Run) -> str:

@@ -44,7 +44,7 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
         if broker is not None:
             check_broker(broker)
         db = open_database(database_url)
-        outcome = retry_job(db, job)
+        outcome = retry_job(db, job, enqueued=broker is not None)
         if not outcome.chunks:
             raise click.UsageError(f"job {job} ({outcome.previous}) has no failed or cancelled requests to retry")
         click.echo(f"job {job}: {outcome.requeued} requests requeued", err=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from cli.main import cli
+from specq.errors import SpecqError
 
 
 @cli.command("demo-models")
@@ -32,7 +33,7 @@ def demo_models(directory: Path | None, seed: int, force: bool) -> None:
         from models.demo import build_demo_models
 
         demo = build_demo_models(directory, seed=seed, force=force)
-    except OSError as exc:
+    except (OSError, SpecqError) as exc:
         raise click.ClickException(f"cannot build the demo models: {exc}") from None
     finally:
         models_logger.removeHandler(handler)

@@ -144,6 +144,29 @@ def pop_generation_options(params: dict[str, Any]) -> GenerationOptions:
     )
 
 
+def input_limit_options(f: F) -> F:
+    """--max-line-bytes and --max-input-bytes, read back with `pop_input_limits`."""
+    f = click.option(
+        "--max-input-bytes",
+        type=click.IntRange(min=1),
+        envvar="SPECQ_MAX_INPUT_BYTES",
+        help="Refuse an input file larger than this. [env: SPECQ_MAX_INPUT_BYTES; default: 4 GiB]",
+    )(f)
+    return click.option(
+        "--max-line-bytes",
+        type=click.IntRange(min=1),
+        envvar="SPECQ_MAX_LINE_BYTES",
+        help="Report a line longer than this as bad input. [env: SPECQ_MAX_LINE_BYTES; default: 1 MiB]",
+    )(f)
+
+
+def pop_input_limits(params: dict[str, Any]) -> Any:
+    """The jobs.inputs.InputLimits of a command's --max-line-bytes / --max-input-bytes."""
+    from jobs.inputs import InputLimits
+
+    return InputLimits.from_env(params.pop("max_line_bytes", None), params.pop("max_input_bytes", None))
+
+
 def database_option(f: F) -> F:
     return click.option(
         "--database-url",

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from cli.main import cli
-from cli.options import generation_options, pop_generation_options, specq_errors
+from cli.options import generation_options, input_limit_options, pop_generation_options, pop_input_limits, specq_errors
 
 
 @cli.command("run")
@@ -23,12 +23,14 @@ from cli.options import generation_options, pop_generation_options, specq_errors
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr. [default: when it is a terminal]")
 @generation_options
+@input_limit_options
 def run(input_path: str, output_path: str | None, progress: bool | None, **options: Any) -> None:
     """Generate for every request of INPUT.jsonl here and now, and write the results.
 
     Exit 0 when every request completed, 1 when any failed (its line then carries the error).
     """
     gen = pop_generation_options(options)
+    limits = pop_input_limits(options)
     from jobs.local_run import default_output_path, run_file
 
     path = output_path or str(default_output_path(input_path))
@@ -47,6 +49,7 @@ def run(input_path: str, output_path: str | None, progress: bool | None, **optio
                 dtype=gen.dtype,
                 on_start=bar.start,
                 on_progress=bar.update,
+                limits=limits,
             )
         finally:
             if out is not sys.stdout:

@@ -8,7 +8,15 @@ from typing import Any
 import click
 
 from cli.main import cli
-from cli.options import broker_option, database_option, generation_options, pop_generation_options, specq_errors
+from cli.options import (
+    broker_option,
+    database_option,
+    generation_options,
+    input_limit_options,
+    pop_generation_options,
+    pop_input_limits,
+    specq_errors,
+)
 
 
 class JobProgress:
@@ -65,15 +73,31 @@ class JobProgress:
 @click.option(
     "--wait", is_flag=True, help="Show a progress bar on stderr and return when the job ends (exit 1 if it failed)."
 )
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="A request whose worker dies this many times while running it fails, with that error.",
+)
+@input_limit_options
 @database_option
 @broker_option
-def submit(input_path: str, wait: bool, database_url: str | None, broker_url: str | None, **options: Any) -> None:
+def submit(
+    input_path: str,
+    wait: bool,
+    max_attempts: int,
+    database_url: str | None,
+    broker_url: str | None,
+    **options: Any,
+) -> None:
     """Validate the whole file, store the job and enqueue it; print the job id.
 
     With no broker (no --broker-url, no SPECQ_BROKER_URL) the job runs here, in this process, through
     the workers' own code, and is stored in the database all the same.
     """
     gen = pop_generation_options(options)
+    limits = pop_input_limits(options)
     with specq_errors():
         from jobs.services import broker_url as resolve_broker
         from jobs.submit import JobSpec, submit_job
@@ -86,8 +110,9 @@ def submit(input_path: str, wait: bool, database_url: str | None, broker_url: st
             sampling=gen.sampling,
             device=gen.device,
             dtype=gen.dtype,
+            max_attempts=max_attempts,
         )
-        submitted = submit_job(input_path, spec, database_url=database_url, broker=broker)
+        submitted = submit_job(input_path, spec, database_url=database_url, broker=broker, limits=limits)
     click.echo(submitted.job_id)
     click.echo(
         f"job {submitted.job_id}: {submitted.total} requests in {len(submitted.chunks)} chunks"

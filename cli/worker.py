@@ -29,7 +29,8 @@ def worker(
     database_url: str | None,
     broker_url: str | None,
 ) -> None:
-    """Run one Celery worker bound to one device until SIGTERM (the running chunk finishes first)."""
+    """Run one Celery worker bound to one device until SIGTERM (the batch in hand finishes first; the
+    rest of its chunk goes back to the queue)."""
     from jobs.services import broker_url as resolve_broker
 
     broker = resolve_broker(broker_url)
@@ -50,21 +51,29 @@ def worker(
 
 
 @cli.command("workers")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of the live workers.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of the workers.")
+@click.option("--all", "include_gone", is_flag=True, help="Also list stopped workers and lost ones (no heartbeat).")
 @database_option
-def workers(as_json: bool, database_url: str | None) -> None:
+def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None:
     """List the live workers: name, device, state, last heartbeat, current batch."""
     with specq_errors():
         from db.session import open_database
         from jobs.status import live_workers
 
-        found = live_workers(open_database(database_url))
+        found = live_workers(open_database(database_url), include_gone=include_gone)
     if as_json:
         click.echo(json.dumps(found))
         return
     if not found:
         click.echo("no live workers", err=True)
         return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "device", "state", "last heartbeat", "age", "current batch", box=None)
     for w in found:
-        batch = f"batch {w['current_batch']} of job {w['current_job']}" if w["current_batch"] else "-"
-        click.echo(f"{w['name']}  {w['device']}  {w['state']}  {w['last_heartbeat']}  {batch}")
+        batch = f"{w['current_batch']} (job {w['current_job']})" if w["current_batch"] else "-"
+        table.add_row(
+            w["name"], w["device"], w["state"], (w["last_heartbeat"] or "")[:19], f"{w['heartbeat_age_s']:.0f}s", batch
+        )
+    Console(soft_wrap=True).print(table)

@@ -46,6 +46,9 @@ class Job(Base):
     completed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
     generated_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # when its chunks were last sent to the broker; None: never (the job runs in-process). A sweeper
+    # compares it with the broker's messages to find chunks whose message was lost (a Redis restart)
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     # the database deletes children (ON DELETE CASCADE); the ORM neither loads nor orphans them
     requests: Mapped[list[Request]] = relationship(back_populates="job", lazy="raise", passive_deletes="all")
@@ -67,6 +70,9 @@ class Request(Base):
     overrides: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the sampling settings the line set
     state: Mapped[str] = mapped_column(String(16), default=RequestState.QUEUED)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far
+    # times a worker handed it to the engine; one that reaches the job's max_attempts without a result
+    # (its worker died each time) is failed instead of run again. A server default, so COPY may omit it
+    starts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     lease_owner: Mapped[str | None] = mapped_column(String(200))  # the worker holding the claim
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

@@ -54,12 +54,13 @@ def cancel_job(db: Database, job_id: str) -> CancelOutcome:
         return CancelOutcome(previous, cancelled, changed=True)
 
 
-def retry_job(db: Database, job_id: str) -> RetryOutcome:
+def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome:
     """Requeue the job's failed and cancelled requests (and running ones whose lease expired); the
     failed ones' results are deleted.
 
     The chunks returned cover every queued request of the job, so a retry also recovers requests whose
-    task was lost (e.g. a broker that was flushed).
+    task was lost (e.g. a broker that was flushed). `enqueued`: the caller sends them to the broker
+    (the job's `enqueued_at` is set, so sweepers watch its messages), else it runs them in-process.
     """
     with db.session() as session:
         job = _locked_job(session, job_id)
@@ -89,6 +90,7 @@ def retry_job(db: Database, job_id: str) -> RetryOutcome:
             job.failed -= n_failed
             if job.state in job_sources(JobState.QUEUED):
                 job.state, job.finished_at = JobState.QUEUED, None
+        job.enqueued_at = utcnow() if enqueued else None
         size = job.settings["chunk_size"]
         firsts = session.scalars(
             select(Request.seq // size).where(Request.job_id == job_id, Request.state == RequestState.QUEUED).distinct()

@@ -30,6 +30,11 @@ Decisions, so callers and users can rely on them:
 Every bad line is reported, as ``INPUT:LINE: what is wrong`` (INPUT is the path as the user gave it), in
 one ``BadInputError`` raised once the whole file has been read.
 
+Limits (``InputLimits``): a line may hold at most ``max_line_bytes`` (1 MiB by default); a longer one is
+reported like any bad line, and is never read into memory whole. A file larger than ``max_file_bytes``
+(4 GiB by default) is refused before its first line is read. Both are set with ``SPECQ_MAX_LINE_BYTES``
+and ``SPECQ_MAX_INPUT_BYTES`` or the commands' ``--max-line-bytes`` and ``--max-input-bytes``.
+
 Memory stays flat in the number of lines: duplicate ids are found from an 8-byte hash per line, sorted
 once at the end; only when some hash repeats is the file read again, to compare those ids themselves.
 """
@@ -64,6 +69,8 @@ _BODY_IGNORED = frozenset({"model", "user", "metadata", "store"})  # harmless: a
 _BODY_KEYS = frozenset({"prompt", "messages", "n", "stream", "max_completion_tokens", *OVERRIDE_KEYS})
 _BODY_ALLOWED = _BODY_KEYS | _BODY_IGNORED
 _MESSAGE_KEYS = frozenset({"role", "content"})
+MAX_LINE_ENV = "SPECQ_MAX_LINE_BYTES"
+MAX_INPUT_ENV = "SPECQ_MAX_INPUT_BYTES"
 # `keys() <= frozenset` compares without building a set: the checks below run once per line
 
 
@@ -81,6 +88,32 @@ class RequestSpec:
     prompt: str | None  # set for "completion" requests
     messages: list[dict] | None  # set for "chat" requests: [{"role": ..., "content": ...}, ...]
     overrides: dict
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    # a prompt of a 128k-token context is about 512 KB of text: 1 MiB a line leaves room for that and
+    # refuses a file with no newlines (or a binary file) before it fills the memory
+    max_line_bytes: int = 1 << 20
+    # 1M requests of about 4 KB each; past this a file is more likely a mistake than a batch
+    max_file_bytes: int = 4 << 30
+
+    def __post_init__(self) -> None:
+        if self.max_line_bytes < 1 or self.max_file_bytes < 1:
+            raise ValueError("max_line_bytes and max_file_bytes must be >= 1")
+
+    @classmethod
+    def from_env(cls, max_line_bytes: int | None = None, max_file_bytes: int | None = None) -> InputLimits:
+        """The given limits, else SPECQ_MAX_LINE_BYTES / SPECQ_MAX_INPUT_BYTES, else the defaults."""
+        values: dict[str, int] = {}
+        for field_name, given, env in (
+            ("max_line_bytes", max_line_bytes, MAX_LINE_ENV),
+            ("max_file_bytes", max_file_bytes, MAX_INPUT_ENV),
+        ):
+            raw = given if given is not None else os.environ.get(env)
+            if raw is not None and raw != "":
+                values[field_name] = int(raw)
+        return cls(**values)
 
 
 class LineError(ValueError):
@@ -289,19 +322,52 @@ def parse_line(raw: bytes, line: int) -> RequestSpec:
     return _parse_plain(obj, line)
 
 
+def _lines(f: Any, max_line: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, raw line) of a binary file; None for a line longer than `max_line` bytes (not
+    counting its newline), whose rest is skipped without being kept."""
+    readline = f.readline
+    number = 0
+    while raw := readline(max_line + 1):
+        number += 1
+        if len(raw) <= max_line or raw.endswith(b"\n"):  # at most max_line bytes, then a newline
+            yield number, raw
+            continue
+        while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
+            pass
+        yield number, None
+
+
 class _Scan:
     """One streaming read of the file: yields good specs, collects problems and id hashes."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], limits: InputLimits | None = None) -> None:
         self.path = path
         self.name = os.fspath(path)
+        self.limits = limits or InputLimits.from_env()
         self.problems: list[tuple[int, str]] = []
         self.id_hashes = array("q")  # hash(id) of each good line: 8 bytes a line, whatever its size
 
+    def _too_long(self) -> str:
+        return (
+            f"the line is longer than {self.limits.max_line_bytes} bytes "
+            f"(the limit; raise it with --max-line-bytes or {MAX_LINE_ENV})"
+        )
+
     def __iter__(self) -> Iterator[RequestSpec]:
         problems, hashes = self.problems, self.id_hashes
+        size = os.path.getsize(self.path)
+        if size > self.limits.max_file_bytes:
+            raise BadInputError(
+                [
+                    f"{self.name}: the file is {size} bytes, over the limit of {self.limits.max_file_bytes} "
+                    f"(raise it with --max-input-bytes or {MAX_INPUT_ENV})"
+                ]
+            )
         with open(self.path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
+            for number, raw in _lines(f, self.limits.max_line_bytes):
+                if raw is None:
+                    problems.append((number, self._too_long()))
+                    continue
                 if raw.isspace():
                     continue
                 try:
@@ -330,8 +396,8 @@ class _Scan:
         first_line: dict[str, int] = {}
         found = []
         with open(self.path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                if raw.isspace():
+            for number, raw in _lines(f, self.limits.max_line_bytes):
+                if raw is None or raw.isspace():
                     continue
                 try:
                     request_id = parse_line(raw, number).id
@@ -345,20 +411,20 @@ class _Scan:
         return found
 
 
-def iter_request_specs(path: str | os.PathLike[str]) -> Iterator[RequestSpec]:
+def iter_request_specs(path: str | os.PathLike[str], limits: InputLimits | None = None) -> Iterator[RequestSpec]:
     """Stream the good requests of `path`; at the end raise BadInputError listing every bad line.
 
     Good lines are yielded before the file is known to be good; call `validate_file` first when nothing
-    may happen unless the whole file is good.
+    may happen unless the whole file is good. `limits`: None reads them from the environment.
     """
-    scan = _Scan(path)
+    scan = _Scan(path, limits)
     yield from scan
     scan.finish()
 
 
-def validate_file(path: str | os.PathLike[str]) -> int:
+def validate_file(path: str | os.PathLike[str], limits: InputLimits | None = None) -> int:
     """Read the whole file once and return its number of requests; raise BadInputError if any line is bad."""
-    scan = _Scan(path)
+    scan = _Scan(path, limits)
     count = sum(1 for _ in scan)
     scan.finish()
     return count

@@ -17,7 +17,7 @@ from typing import IO, Any
 from decoding.config import DecodingConfig
 from decoding.stats import EngineStats
 from decoding.types import GenerationRequest, GenerationResult
-from jobs.inputs import RequestSpec, iter_request_specs, validate_file
+from jobs.inputs import InputLimits, RequestSpec, iter_request_specs, validate_file
 from jobs.outputs import result_record
 from jobs.params import sampling_params
 
@@ -47,11 +47,12 @@ def run_file(
     dtype: str | None,
     on_start: Callable[[int], None] = lambda total: None,
     on_progress: Progress = lambda done, stats: None,
+    limits: InputLimits | None = None,
 ) -> RunSummary:
     """Generate for every line of `input_path` and write one JSON line per request to `output`."""
     from models.loading import load_pair, resolve_device
 
-    total = validate_file(input_path)
+    total = validate_file(input_path, limits)
     on_start(total)
     pair = load_pair(target, draft, resolve_device(device), dtype)
     from decoding.engine import SpeculativeEngine
@@ -62,7 +63,7 @@ def run_file(
     early_failures: dict[int, GenerationResult] = {}
 
     def requests() -> Iterator[GenerationRequest]:
-        for key, spec in enumerate(iter_request_specs(input_path)):
+        for key, spec in enumerate(iter_request_specs(input_path, limits)):
             ids[key] = spec.id
             request = _prepare(key, spec, pair.tokenizer, sampling)
             if isinstance(request, GenerationResult):

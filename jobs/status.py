@@ -24,7 +24,7 @@ from db.session import Database
 from db.states import JOB_TERMINAL, WorkerState
 from db.types import utcnow
 from specq.errors import JobNotFoundError
-from worker.settings import QUEUE
+from worker.settings import QueueSettings
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -111,25 +111,38 @@ def job_ended(state: str) -> bool:
     return state in JOB_TERMINAL
 
 
-def live_workers(db: Database) -> list[dict[str, Any]]:
-    """Workers that are not stopped and whose heartbeat is recent, by name."""
-    cutoff = utcnow().timestamp() - QUEUE.live_s
+def live_workers(db: Database, include_gone: bool = False) -> list[dict[str, Any]]:
+    """Workers that are not stopped and whose heartbeat is recent, by device and name.
+
+    `include_gone`: also those that stopped, and those whose heartbeat is older than `live_after` (state
+    "lost": killed, or cut off from the database; a sweeper requeues their requests). Each has its
+    heartbeat's age in seconds, and its current batch and job while busy.
+    """
+    now = utcnow()
+    live_after = QueueSettings.from_env().live_after  # read now: the workers' timings, from the environment
     with db.session() as session:
-        rows = session.scalars(
-            select(Worker).where(Worker.state != WorkerState.STOPPED).order_by(Worker.device, Worker.name)
-        ).all()
-        return [
+        query = select(Worker).order_by(Worker.device, Worker.name)
+        if not include_gone:
+            query = query.where(Worker.state != WorkerState.STOPPED)
+        rows = session.scalars(query).all()
+    listed = []
+    for w in rows:
+        age = (now - w.heartbeat_at).total_seconds()
+        live = w.state != WorkerState.STOPPED and age <= live_after
+        if not live and not include_gone:
+            continue
+        listed.append(
             {
                 "name": w.name,
                 "device": w.device,
-                "state": w.state,
+                "state": w.state if live or w.state == WorkerState.STOPPED else "lost",
                 "last_heartbeat": _iso(w.heartbeat_at),
+                "heartbeat_age_s": round(age, 1),
                 "current_batch": w.current_batch,
                 "current_job": w.current_job,
                 "host": w.host,
                 "pid": w.pid,
                 "started_at": _iso(w.started_at),
             }
-            for w in rows
-            if w.heartbeat_at.timestamp() >= cutoff
-        ]
+        )
+    return listed

@@ -27,12 +27,13 @@ from sqlalchemy import delete
 from db.models import Job
 from db.session import Database, open_database
 from db.states import JobState
+from db.types import utcnow
 from jobs.enqueue import enqueue_chunks, job_chunks
-from jobs.inputs import iter_request_specs
+from jobs.inputs import InputLimits, iter_request_specs
 from jobs.services import check_broker
 from jobs.store import insert_requests
 from specq.errors import BadInputError, ModelLoadError
-from worker.settings import QUEUE
+from worker.settings import DEFAULT_MAX_ATTEMPTS, QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,12 @@ class JobSpec:
     sampling: dict[str, Any]  # the job's default sampling settings (only those given)
     device: str | None = None  # for the in-process run; queue workers use their own device
     dtype: str | None = None
+    # a request whose worker died this many times while running it fails instead of running again
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
 
     def settings(self, chunk_size: int) -> dict[str, Any]:
         return {
@@ -55,6 +62,7 @@ class JobSpec:
             "device": self.device,
             "dtype": self.dtype,
             "chunk_size": chunk_size,
+            "max_attempts": self.max_attempts,
         }
 
 
@@ -99,6 +107,7 @@ def submit_job(
     database_url: str | None = None,
     broker: str | None = None,
     models_checked: bool = False,
+    limits: InputLimits | None = None,
 ) -> Submitted:
     """Check, store (validating as it reads) and enqueue; see the module docstring. Raises, in the
     order checked: ModelLoadError, ServiceUnavailableError, BadInputError (every bad line)."""
@@ -123,11 +132,13 @@ def submit_job(
         session.add(job)
         session.flush()
         # raises BadInputError, with every bad line, once the whole file is read
-        total = insert_requests(session, job_id, iter_request_specs(input_path))
+        total = insert_requests(session, job_id, iter_request_specs(input_path, limits))
         if total == 0:
             raise BadInputError([f"{name}: the file has no requests"])
         chunk_size = QUEUE.chunk_size(total, int(spec.decoding.get("batch_size", 8)))
         job.total, job.settings = total, spec.settings(chunk_size)
+        # set just before the enqueue below: a sweeper treats a chunk as lost only once this is old
+        job.enqueued_at = utcnow() if broker is not None else None
     log.info("job %s: stored %d requests from %s", job_id, total, name)
 
     chunks = list(job_chunks(job_id, total, chunk_size))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from specq.errors import ModelLoadError
 
@@ -77,7 +77,8 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None)
     logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
     try:
         # transformers 5 takes `dtype=`; `torch_dtype=` is deprecated there.
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, attn_implementation="sdpa")
+        # Any: mypy cannot follow the decorator transformers wraps `to` in.
+        model: Any = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, attn_implementation="sdpa")
         model = model.to(device)
     except Exception as exc:
         raise ModelLoadError(f"cannot load the model {name_or_path!r} ({_reason(exc)})") from exc
@@ -152,8 +153,11 @@ def tokenize_prompt(
             f"the tokenizer of {tokenizer.name_or_path!r} has no chat template, so chat messages "
             "cannot be rendered; send a plain prompt instead"
         )
+    assert messages is not None
     # transformers 5 returns a BatchEncoding unless return_dict=False; accept either shape.
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids: Any = tokenizer.apply_chat_template(
+        cast(list[dict[str, str]], messages), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]
     return [int(i) for i in ids]

@@ -21,6 +21,7 @@ from bench.runner import (
     forward_time,
     leviathan_bound,
     mean_k,
+    per_token_acceptance,
 )
 from cli.bench import bench as bench_command
 from cli.main import cli
@@ -49,6 +50,19 @@ def test_achievable_limit():
     a, c, k, t = 0.7, 0.1, 4, 0.02
     e = (1 - a ** (k + 1)) / (1 - a)
     assert achievable_limit(e, t, c * t, t, k) == pytest.approx(leviathan_bound(a, c, k))
+
+
+def test_per_token_acceptance():
+    # 10 drafts of K = 4: 6 accepted position 1, 3 of those position 2, 1 of those 3, none 4
+    assert per_token_acceptance(10, [6, 3, 1, 0]) == pytest.approx(10 / (10 + 6 + 3 + 1))
+    assert per_token_acceptance(5, [5, 5, 5, 5]) == 1.0
+    assert per_token_acceptance(0, [0, 0]) is None
+    # consistent with the mean acceptance length when every draft has K tokens: E = (1 - a^(K+1)) / (1 - a)
+    a, k, drafts = 0.5, 4, 1600
+    per_position = [round(drafts * a**j) for j in range(1, k + 1)]
+    alpha = per_token_acceptance(drafts, per_position)
+    assert alpha == pytest.approx(a, rel=0.05)
+    assert 1 + sum(per_position) / drafts == pytest.approx((1 - a ** (k + 1)) / (1 - a))
 
 
 def test_forward_time_exact_or_nearest_rows():
@@ -90,14 +104,22 @@ def _run(name, tokens, seconds, stats=None, k_steps=None, outputs=None):
     return Run(name, 1, [tokens], [seconds], [seconds], [0.0, 0.0], outputs or {0: [1, 2]}, stats, k_steps)
 
 
-def _stats(a, e, drafts, forward_seconds):
-    return {"acceptance_rate": a, "mean_acceptance_length": e, "num_drafts": drafts, "forward_seconds": forward_seconds}
+def _stats(a, e, drafts, forward_seconds, per_position=(0, 0, 0, 0)):
+    return {
+        "acceptance_rate": a,
+        "mean_acceptance_length": e,
+        "num_drafts": drafts,
+        "accepted_per_position": list(per_position),
+        "forward_seconds": forward_seconds,
+    }
 
 
 def test_derive_row_combines_the_runs():
     runs = {
         "spec": _run("spec", 300, 1.0, _stats(0.7, 3.0, 10, {}), {4: 9, 0: 1}),
-        "spec_fixed": _run("spec_fixed", 320, 1.0, _stats(0.6, 3.4, 10, {"draft@1": 0.001, "target:5@1": 0.012})),
+        "spec_fixed": _run(
+            "spec_fixed", 320, 1.0, _stats(0.6, 3.4, 10, {"draft@1": 0.001, "target:5@1": 0.012}, (8, 7, 5, 4))
+        ),
         "target_only": _run("target_only", 100, 1.0, _stats(0.0, 0.0, 0, {"target:1@1": 0.010})),
         "hf_batched": _run("hf_batched", 80, 1.0),
         "hf_assisted": _run("hf_assisted", 60, 1.0, outputs={0: [1, 3]}),
@@ -108,15 +130,24 @@ def test_derive_row_combines_the_runs():
     assert row["spec_over_hf_assisted"] == pytest.approx(5.0)
     assert row["target_only_over_hf_batched"] == pytest.approx(1.25)
     assert row["cost_ratio"] == pytest.approx(0.1)
-    assert row["leviathan_bound"] == pytest.approx(leviathan_bound(0.6, 0.1, 4))
+    assert row["alpha"] == pytest.approx(24 / (10 + 8 + 7 + 5))
+    assert row["leviathan_bound"] == pytest.approx(leviathan_bound(24 / 30, 0.1, 4))
     assert row["achievable_limit"] == pytest.approx(3.4 * 0.010 / (4 * 0.001 + 0.012))
     assert row["efficiency_fixed"] == pytest.approx(3.2 / row["achievable_limit"])
+    assert row["t_step_fixed_ms"] is None and row["step_overhead_ms"] is None  # no step:4@1 recorded
     assert row["spec_mean_k"] == pytest.approx(3.6)
     assert row["same_output"] is False and row["same_output_prompts"] == 0
     assert row["mismatches"][0]["run"] == "hf_assisted"
     checks = {c["target"]: c["met"] for c in check_targets([row])}
     assert checks["batch 1: spec / target-only"] is True
     assert checks["batch 1: speedup (K fixed) / achievable limit"] is (row["efficiency_fixed"] >= 0.9)
+
+
+def test_run_forward_seconds_prefers_step_means():
+    run = _run("spec_fixed", 10, 1.0, _stats(0.5, 2.0, 1, {"draft@1": 0.5}))
+    assert run.forward_seconds() == {"draft@1": 0.5}  # the engine's own, when no steps were recorded
+    run.step_seconds = {"draft@1": {"mean": 0.002, "median": 0.001, "count": 9}}
+    assert run.forward_seconds() == {"draft@1": 0.002}
 
 
 def test_derive_row_without_hf_or_comparison():
@@ -187,7 +218,7 @@ def test_bench_end_to_end(tiny_pair, tmp_path):
     out = tmp_path / "bench.json"
     markdown = tmp_path / "bench.md"
     args = ["bench", "--target", str(target), "--draft", str(draft), "--batch-sizes", "1,2", "--num-prompts", "4"]
-    args += ["--max-tokens", "8", "--prompt-chars", "64", "--device", "cpu", "--json", str(out)]
+    args += ["--max-tokens", "8", "--prompt-chars", "64", "--warmup", "0", "--device", "cpu", "--json", str(out)]
     result = CliRunner().invoke(cli, [*args, "--markdown", str(markdown)])
     assert result.exit_code == 0, result.output
     results = json.loads(out.read_text())

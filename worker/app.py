@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from worker import broker_transport
 from worker.constants import (
     CHUNK_QUEUE,
     KEY_PREFIX,
@@ -18,6 +19,7 @@ from worker.constants import (
 )
 from worker.settings import QUEUE
 
+broker_transport.install()  # a worker must keep consuming after Redis restarts mid-task
 app = Celery("specq", set_as_current=False)
 app.conf.update(
     task_serializer="json",

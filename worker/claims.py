@@ -3,6 +3,12 @@
 A claim is one guarded `UPDATE ... RETURNING`: on PostgreSQL a concurrent claimer blocks on each row
 and re-checks the guard once the first commits, so it skips what was taken; SQLite runs one writer at
 a time. Either way a request is claimed by one worker at a time (rq's StartedJobRegistry, as SQL).
+
+Two counters per request: `attempts` counts claims, `starts` the times a worker handed it to the engine
+(marked just before, a batch at a time). A request whose lease expired was in the hands of a worker that
+died; if it was also started, it is a *suspect* (it may be what killed the worker): it runs alone next
+time, and once its starts reach the job's `max_attempts` it is failed with that reason instead of run
+again, so one poisonous prompt costs a few worker restarts, never the job.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from sqlalchemy.orm import Session
 from db.models import Job, Request
 from db.states import JobState, RequestState, job_sources, request_sources
 from db.types import utcnow
+from decoding.types import GenerationResult
+from worker.results import store_results
+from worker.settings import DEFAULT_MAX_ATTEMPTS
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,12 @@ class ClaimedRequest:
     prompt: str | None
     messages: list[dict[str, Any]] | None
     overrides: dict[str, Any]
+    starts: int = 0  # times a worker handed it to the engine before this claim
+
+    @property
+    def suspect(self) -> bool:
+        """Started before by a worker that never stored its result: it may be what killed that worker."""
+        return self.starts > 0
 
 
 def claim_chunk(
@@ -69,10 +84,11 @@ def claim_chunk(
             Request.prompt,
             Request.messages,
             Request.overrides,
+            Request.starts,
         )
         .execution_options(synchronize_session=False)
     )
-    claimed = [ClaimedRequest(*row) for row in session.execute(stmt)]
+    claimed = sorted((ClaimedRequest(*row) for row in session.execute(stmt)), key=lambda c: c.seq)
     if claimed:
         session.execute(
             update(Job)
@@ -83,11 +99,17 @@ def claim_chunk(
     return claimed
 
 
-def renew_leases(session: Session, owner: str, lease_s: float) -> int:
-    """Push back the expiry of every lease `owner` holds; returns how many."""
+def renew_leases(session: Session, owner: str, lease_s: float, request_ids: Sequence[int] | None = None) -> int:
+    """Push back the expiry of the leases `owner` holds (of `request_ids` only, when given); returns how many.
+
+    A worker renews only the requests of the chunk in its hands: a chunk whose task was cut short (the
+    database went away, the task is retried, perhaps elsewhere) must see its leases expire."""
+    condition = [Request.state == RequestState.RUNNING, Request.lease_owner == owner]
+    if request_ids is not None:
+        condition.append(Request.id.in_(request_ids))
     stmt = (
         update(Request)
-        .where(Request.state == RequestState.RUNNING, Request.lease_owner == owner)
+        .where(*condition)
         .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
         .execution_options(synchronize_session=False)
     )
@@ -111,22 +133,100 @@ def cancel_claimed(session: Session, request_ids: Sequence[int], owner: str) -> 
     return session.execute(stmt).rowcount  # type: ignore[attr-defined]
 
 
+def mark_started(session: Session, request_ids: Sequence[int], owner: str) -> None:
+    """Count one more start for requests `owner` is about to hand to the engine."""
+    session.execute(
+        update(Request)
+        .where(Request.id.in_(request_ids), Request.lease_owner == owner)
+        .values(starts=Request.starts + 1)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def release_claimed(session: Session, request_ids: Sequence[int], unstarted: Sequence[int], owner: str) -> int:
+    """Give back requests this worker holds but will not run (it is shutting down, or a database error
+    cut their chunk short): queued again at once, rather than when the lease expires. `unstarted` were
+    marked started but never handed to the engine, so that start is taken back."""
+    if not request_ids:
+        return 0
+    if unstarted:
+        session.execute(
+            update(Request)
+            .where(Request.id.in_(unstarted), Request.lease_owner == owner, Request.starts > 0)
+            .values(starts=Request.starts - 1)
+            .execution_options(synchronize_session=False)
+        )
+    stmt = (
+        update(Request)
+        .where(Request.id.in_(request_ids), Request.state == RequestState.RUNNING, Request.lease_owner == owner)
+        .values(state=RequestState.QUEUED, lease_owner=None, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(stmt).rowcount  # type: ignore[attr-defined]
+
+
+def max_attempts(settings: dict[str, Any]) -> int:
+    """The job's limit on starts whose worker died (stored with its settings; older jobs: the default)."""
+    return int(settings.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)
+
+
+def exhausted_error(starts: int, owner: str | None) -> str:
+    last = f" (last: {owner})" if owner else ""
+    return (
+        f"gave up after {starts} attempts: the worker running this request stopped each time before it "
+        f"finished{last}; it may crash the worker (out of host memory, a fault in a kernel)"
+    )
+
+
+def exhausted_result(request_id: int, starts: int, owner: str | None) -> GenerationResult:
+    return GenerationResult(
+        key=request_id,
+        token_ids=[],
+        text="",
+        finish_reason=None,
+        prompt_tokens=0,
+        completion_tokens=0,
+        error=exhausted_error(starts, owner),
+    )
+
+
 def requeue_expired(session: Session) -> list[tuple[str, int, int]]:
     """Put requests whose lease expired back in the queue; returns the chunks to enqueue again.
 
-    Chunks are (job_id, first, end) as `jobs.enqueue` sends them; the caller enqueues them before it
-    commits, so a failed enqueue leaves the leases expired for the next sweep.
+    A request whose starts reached its job's `max_attempts` is failed instead, with the reason, in the
+    same transaction (its job may end with it). Chunks are (job_id, first, end) as `jobs.enqueue` sends
+    them; the caller enqueues them before it commits, so a failed enqueue leaves the leases expired for
+    the next sweep.
     """
-    stmt = (
-        update(Request)
+    expired = session.execute(
+        select(Request.id, Request.job_id, Request.seq, Request.starts, Request.lease_owner)
         .where(Request.state == RequestState.RUNNING, Request.lease_expires_at < utcnow())
+        .order_by(Request.id)
+        .with_for_update(skip_locked=True)
+    ).all()
+    if not expired:
+        return []
+    limits = {
+        job_id: max_attempts(settings)
+        for job_id, settings in session.execute(
+            select(Job.id, Job.settings).where(Job.id.in_({row.job_id for row in expired}))
+        )
+    }
+    session.execute(
+        update(Request)
+        .where(Request.id.in_([row.id for row in expired]))
         .values(state=RequestState.QUEUED, lease_owner=None, lease_expires_at=None)
-        .returning(Request.job_id, Request.seq)
         .execution_options(synchronize_session=False)
     )
     seqs: dict[str, set[int]] = {}
-    for job_id, seq in session.execute(stmt):
-        seqs.setdefault(job_id, set()).add(seq)
+    exhausted: dict[str, list[GenerationResult]] = {}
+    for row in expired:
+        if row.starts >= limits[row.job_id]:
+            exhausted.setdefault(row.job_id, []).append(exhausted_result(row.id, row.starts, row.lease_owner))
+        else:
+            seqs.setdefault(row.job_id, set()).add(row.seq)
+    for job_id, failures in exhausted.items():
+        store_results(session, job_id, failures, "sweeper")
     return chunks_of(session, seqs)
 
 

@@ -2,7 +2,8 @@
 
 rq's `StartedJobRegistry.cleanup`, as a thread: every `heartbeat_s` the worker renews the leases it
 holds (so they only expire if it dies), and every `sweep_s` it puts back the requests whose lease did
-expire and enqueues their chunks again.
+expire and enqueues their chunks again, and enqueues again the chunks whose broker message was lost
+(`worker.recovery`). Every worker sweeps; the row locks make each requeue happen once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import os
 import socket
 import threading
 import time
+from typing import Any
 
+from redis.exceptions import RedisError
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -21,7 +24,8 @@ from db.states import WorkerState
 from db.types import utcnow
 from specq.errors import SpecqError
 from worker.chunk import WorkerContext
-from worker.claims import renew_leases, requeue_expired
+from worker.claims import release_claimed, renew_leases, requeue_expired
+from worker.recovery import lost_chunks
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specq-heartbeat", daemon=True)
         self._last_sweep = 0.0
+        self._redis: Any = None
 
     def start(self) -> None:
         self._thread.start()
@@ -70,17 +75,30 @@ class Heartbeat:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
+        failing_since: float | None = None
         while not self._stop.wait(self.ctx.queue.heartbeat_s):
             try:
                 self.beat()
-            except (SQLAlchemyError, SpecqError, OSError) as exc:
-                # the database or broker may be back at the next beat; a worker does not die of it
-                log.warning("heartbeat failed: %s", exc)
+            except (SQLAlchemyError, SpecqError, OSError, RedisError) as exc:
+                # the database or broker may be back at the next beat; a worker does not die of it.
+                # One warning per outage, not one per beat
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    log.warning("heartbeat failed (retrying every %.1fs): %s", self.ctx.queue.heartbeat_s, reason)
+                else:
+                    log.debug("heartbeat failed again: %s", reason)
+                continue
+            if failing_since is not None:
+                log.warning("heartbeat back after %.1fs", time.monotonic() - failing_since)
+                failing_since = None
 
     def beat(self) -> None:
         ctx = self.ctx
+        holding = ctx.holding  # one read: the task thread replaces it
         with ctx.db.session() as session:
-            renew_leases(session, ctx.name, ctx.queue.lease_s)
+            if holding:
+                renew_leases(session, ctx.name, ctx.queue.lease_s, sorted(holding))
             if ctx.registered:
                 session.execute(
                     update(Worker)
@@ -88,12 +106,37 @@ class Heartbeat:
                     .values(heartbeat_at=utcnow())
                     .execution_options(synchronize_session=False)
                 )
+        if ctx.abandoned:
+            self.give_back_abandoned()
         if self.broker is not None and time.monotonic() - self._last_sweep >= ctx.queue.sweep_s:
             self._last_sweep = time.monotonic()
             self.sweep()
 
+    def give_back_abandoned(self) -> int:
+        """Put back in the queue the claims of chunks a database error cut short (their tasks retry,
+        perhaps on another worker, which could not claim them while this one held the leases)."""
+        from jobs.enqueue import enqueue_chunks
+
+        ctx = self.ctx
+        with ctx.claims_lock:
+            abandoned = dict(ctx.abandoned)
+            with ctx.db.session() as session:
+                released = 0
+                for ids in abandoned.values():
+                    keep = ids - ctx.holding
+                    if keep:
+                        released += release_claimed(session, sorted(keep), [], ctx.name)
+                if released and self.broker is not None:
+                    enqueue_chunks(self.broker, list(abandoned))  # before the commit, as the sweeper does
+            for chunk in abandoned:
+                ctx.abandoned.pop(chunk, None)
+        if released:
+            log.warning("gave back %d requests of %d chunks a database error cut short", released, len(abandoned))
+        return released
+
     def sweep(self) -> int:
-        """Requeue requests of dead workers; returns the number of chunks enqueued again."""
+        """Requeue requests of dead workers, and chunks the broker lost; returns the number of chunks
+        enqueued again."""
         from jobs.enqueue import enqueue_chunks
 
         assert self.broker is not None
@@ -103,4 +146,17 @@ class Heartbeat:
                 # before the commit: if the broker fails, the leases stay expired for the next sweep
                 enqueue_chunks(self.broker, chunks)
                 log.warning("requeued %d chunks whose worker stopped answering", len(chunks))
-        return len(chunks)
+        with self.ctx.db.session() as session:
+            lost = lost_chunks(session, self._broker_client(), self.ctx.queue.lost_after)
+            if lost:
+                enqueue_chunks(self.broker, lost)
+                log.warning("enqueued %d chunks again whose message the broker lost", len(lost))
+        return len(chunks) + len(lost)
+
+    def _broker_client(self) -> Any:
+        if self._redis is None:
+            import redis
+
+            assert self.broker is not None
+            self._redis = redis.Redis.from_url(self.broker, socket_connect_timeout=5, socket_timeout=10)
+        return self._redis

@@ -4,13 +4,17 @@ The pool is `solo`: tasks run in this very process, one at a time, so models are
 is never initialised before a fork (there is none), and the heartbeat thread and the Prometheus
 endpoint see the same state as the task. A worker that dies is recovered from outside: its leases
 expire and another worker's sweeper requeues them; Redis redelivers its unacknowledged task later.
+
+SIGTERM is Celery's warm shutdown: it takes no new task, and the chunk in hand stops feeding the
+engine, finishes the batch in hand and gives the rest back to the queue (`worker.chunk`), so a stop
+takes one batch's time, not one chunk's.
 """
 
 from __future__ import annotations
 
 import logging
 
-from db.session import open_database
+from db.session import mask_url, open_database
 from jobs.services import check_broker
 from models.loading import resolve_device
 from worker.chunk import WorkerContext
@@ -32,7 +36,11 @@ def run_worker(
     models_cached: int = 1,
     loglevel: str = "INFO",
 ) -> None:
-    """Serve chunk tasks until SIGTERM (Celery's warm shutdown: the running chunk finishes first)."""
+    """Serve chunk tasks until SIGTERM (warm shutdown: the batch in hand finishes, the rest goes back)."""
+    from specq.masking import register_urls
+
+    logging.getLogger().setLevel(loglevel)  # as Celery sets it once it runs: the start-up lines show too
+    register_urls(database_url, broker)
     db = open_database(database_url)
     check_broker(broker)
     resolved = resolve_device(device)
@@ -50,20 +58,32 @@ def run_worker(
         queue=QUEUE,
         metrics=metrics,
         registered=True,
+        broker=broker,
     )
     set_context(ctx)
     register_worker(ctx)
     heartbeat = Heartbeat(ctx, broker)
     heartbeat.start()
-    log.info("worker %s serving queue %s", ctx.name, CHUNK_QUEUE)
+    log.info("worker %s serving queue %s of %s; results in %s", ctx.name, CHUNK_QUEUE, mask_url(broker), db.url)
+
+    from celery import signals
 
     from worker.app import configure
     from worker.tasks import process_chunk  # noqa: F401  (registers the task on the app)
 
+    def on_shutdown(**_kwargs: object) -> None:
+        # runs in the signal handler: only set a flag; the chunk in hand reads it between requests
+        ctx.stopping.set()
+
+    signals.worker_shutting_down.connect(on_shutdown, weak=False)
     app = configure(broker)
+    # a worker outlives a broker outage of any length, reconnecting; commands that only send (submit,
+    # retry) keep the short default and fail with a sentence instead
+    app.conf.broker_connection_max_retries = None
     try:
         app.worker_main(
             [
+                "--quiet",  # no banner: it is printed, not logged, and shows URLs in Celery's own mask
                 "worker",
                 "--pool=solo",
                 "--concurrency=1",

@@ -5,7 +5,9 @@ requests under a lease of `lease_s` and renews it every `heartbeat_s` while it r
 expires when its worker is gone; then any worker's sweeper puts the requests back and enqueues them again.
 Redis redelivers an unacknowledged task after `visibility_timeout_s`, which must stay above the longest
 a chunk may run, else a healthy chunk is delivered twice (harmless: the copy finds every request leased
-and claims nothing, but it costs a queue slot).
+and claims nothing, but it costs a queue slot). specq does not wait for that redelivery: the database is
+the truth, and the sweeper also enqueues again the chunks of a job that hold queued requests but have no
+message in Redis (a Redis restart loses them all), once the job's last enqueue is `lost_after_s` old.
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ class QueueSettings:
     min_batches_per_chunk: int = 4
     max_chunk_size: int = 1024
     heartbeat_s: float = 5.0  # workers table heartbeat and lease renewal
-    lease_s: float = 60.0  # a claim with no renewal for this long belongs to a dead worker
-    sweep_s: float = 15.0  # how often a worker looks for expired leases
-    live_s: float = 30.0  # a worker whose heartbeat is older than this is not listed as live
+    # a claim with no renewal for this long belongs to a dead worker: 9 missed heartbeats, so a busy
+    # host does not lose leases, and with `sweep_s` a dead worker's requests are back within a minute
+    lease_s: float = 45.0
+    sweep_s: float = 10.0  # how often a worker looks for expired leases and lost chunks
+    # a worker whose heartbeat is older than this is not listed as live (None: lease_s, the age at which
+    # its leases are taken back too)
+    live_s: float | None = None
+    # a job's chunks are checked for lost messages only once its last enqueue is this old (by default
+    # lease_s): the time for an enqueue in progress to land, and how often one job's check may run
+    lost_after_s: float | None = None
     # a chunk of max_chunk_size requests at max_tokens 1024 is ~1M decoded tokens: under 2 hours even at
     # a slow 200 tokens/s; Redis redelivers only after this
     visibility_timeout_s: int = 4 * 3600
@@ -38,6 +47,20 @@ class QueueSettings:
             raise ValueError("visibility_timeout_s must exceed lease_s: the sweeper, not Redis, recovers first")
         if min(self.target_chunks, self.min_batches_per_chunk, self.max_chunk_size) < 1:
             raise ValueError("target_chunks, min_batches_per_chunk and max_chunk_size must be >= 1")
+        if self.lost_after_s is not None and self.lost_after_s <= 0:
+            raise ValueError("lost_after_s must be > 0")
+        if self.live_s is not None and self.live_s <= 0:
+            raise ValueError("live_s must be > 0")
+
+    @property
+    def live_after(self) -> float:
+        """Seconds without a heartbeat after which a worker is listed as lost."""
+        return self.lease_s if self.live_s is None else self.live_s
+
+    @property
+    def lost_after(self) -> float:
+        """Seconds after a job's last enqueue before its chunks are checked for lost messages."""
+        return self.lease_s if self.lost_after_s is None else self.lost_after_s
 
     def chunk_size(self, total: int, batch_size: int) -> int:
         """Requests per chunk task for a job of `total` requests decoded `batch_size` at a time."""
@@ -46,10 +69,10 @@ class QueueSettings:
 
     @classmethod
     def from_env(cls) -> QueueSettings:
-        """Defaults, with the timings overridable as SPECQ_HEARTBEAT_S, SPECQ_LEASE_S, SPECQ_SWEEP_S
-        (tests shorten them to watch a dead worker's requests come back within seconds)."""
+        """Defaults, with the timings overridable as SPECQ_HEARTBEAT_S, SPECQ_LEASE_S, SPECQ_SWEEP_S,
+        SPECQ_LOST_AFTER_S (tests shorten them to watch a dead worker's requests come back within seconds)."""
         overrides: dict[str, Any] = {}
-        for name in ("heartbeat_s", "lease_s", "sweep_s"):
+        for name in ("heartbeat_s", "lease_s", "sweep_s", "lost_after_s"):
             value = os.environ.get(f"SPECQ_{name.upper()}")
             if value:
                 overrides[name] = float(value)
@@ -57,3 +80,7 @@ class QueueSettings:
 
 
 QUEUE = QueueSettings.from_env()
+
+# A request whose worker died this many times while it was in the engine is failed, not run again (a
+# prompt that crashes the process must not take the fleet down forever); a job may set its own.
+DEFAULT_MAX_ATTEMPTS = 3

@@ -4,27 +4,29 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from worker.app import app
-from worker.chunk import run_chunk
+from worker.chunk import run_chunk_patiently
 from worker.constants import PROCESS_CHUNK_TASK
 from worker.runtime import get_context
 
 log = logging.getLogger(__name__)
 
 
-# A database that is briefly unreachable must not lose the chunk: the task is retried, with backoff, up
-# to about an hour; requests it had claimed come back through their expired leases meanwhile.
+# A database that is unreachable must not lose the chunk. The task first waits it out in place (the
+# worker takes no other message meanwhile, so the queue is not churned through retries), then, past
+# that patience, Celery retries it with backoff, up to about an hour more; the claims it held are
+# given back by the heartbeat as soon as the database answers.
 @app.task(
     name=PROCESS_CHUNK_TASK,
-    autoretry_for=(OperationalError,),
+    autoretry_for=(OperationalError, InterfaceError),
     retry_backoff=True,
     retry_backoff_max=300,
     max_retries=15,
 )
 def process_chunk(job_id: str, first: int, end: int) -> dict[str, int]:
     """Run the requests of job `job_id` at positions [first, end) that are still to do."""
-    counts = run_chunk(get_context(), job_id, first, end)
+    counts = run_chunk_patiently(get_context(), job_id, first, end)
     log.info("job %s chunk [%d, %d): %s", job_id, first, end, counts)
     return counts

@@ -1,0 +1,40 @@
+# specq: one image for every service (worker, autoscaler, migrations, CLI). Built by docker-compose.yml
+# and by the Kubernetes recipes in deploy/k8s/.
+#
+# The default PyPI torch wheel for Linux x86_64 bundles CUDA: the image runs on GPU hosts (with the
+# NVIDIA container toolkit) and on CPU-only hosts alike.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    SPECQ_HOME=/data \
+    HF_HOME=/models
+
+WORKDIR /app
+# dependencies first (their layer is reused while only specq's code changes)
+COPY pyproject.toml README.md ./
+RUN mkdir -p specq cli jobs worker db decoding models bench \
+    && for p in specq cli jobs worker db decoding models bench; do touch "$p/__init__.py"; done \
+    && pip install . \
+    && pip uninstall -y specq
+COPY specq ./specq
+COPY cli ./cli
+COPY jobs ./jobs
+COPY worker ./worker
+COPY db ./db
+COPY decoding ./decoding
+COPY models ./models
+COPY bench ./bench
+RUN pip install --no-deps .
+
+# Celery refuses to be root without complaint; workers need no privileges
+RUN useradd --create-home --uid 1000 specq && mkdir -p /data /models && chown specq /data /models
+USER specq
+VOLUME ["/data", "/models"]
+
+# the worker's Prometheus metrics (specq worker --metrics-port 9100)
+EXPOSE 9100
+ENTRYPOINT ["specq"]
+CMD ["worker"]

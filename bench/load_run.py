@@ -1,0 +1,590 @@
+"""The queue under load, and its failure drills: what `docs/benchmarks.md` ("Queue load run") and
+`docs/reliability.md` report, reproducible with one command each.
+
+    python bench/load_run.py load   [--requests 20000] [--workers 2]   # throughput, queue overhead
+    python bench/load_run.py drills [--requests 3000] [--fast]         # kill -9, Redis and PostgreSQL restarts
+
+Each run gets a throwaway PostgreSQL database (created on `--pg-admin-url`, dropped at the end) and
+Redis database `--redis-db` (flushed before and after), real `specq worker` processes on the CPU, and
+greedy requests of 2 to 4 tokens on the tiny model pair of the tests (tests/conftest.py `tiny_pair`,
+built here in seconds) or `--models demo` (the demo pair, `specq demo-models`). It prints a Markdown
+section on stdout; progress goes to stderr.
+
+Figures:
+
+- throughput: requests (and completion tokens) per second from the job's first claim to its end;
+- queue overhead: the share of the workers' time not spent inside the engine, 1 - (engine seconds
+  summed over the job's batches) / (workers x job seconds): claims, tokenizing, result writes, task
+  dispatch, idle waits; and the same requests through `specq run` (one process, no queue) for scale;
+- lost / duplicated: requests with no result / results beyond one per request (the unique index makes
+  the second impossible; it is counted anyway), and the job's counters checked against the rows.
+
+The drills restart the local Redis and PostgreSQL servers (`pg_ctlcluster`, `redis-server`, as on the
+CI machine): every other client of those servers sees the restart too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPECQ = (sys.executable, "-c", "from cli.main import main; main()")
+FAST_TIMINGS = {"SPECQ_HEARTBEAT_S": "0.5", "SPECQ_LEASE_S": "3", "SPECQ_SWEEP_S": "1"}
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- models --------------------------------------------------------------------------------------------
+def tiny_pair(root: Path) -> tuple[str, str]:
+    """The tests' tiny pair (tests/conftest.py `tiny_pair`): a byte-level BPE tokenizer of 320 tokens and
+    two random 2-layer Llamas, the draft a noisy copy of the target."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.conftest import _TINY_CORPUS
+    from tests.tiny_models import noisy_copy, tiny_llama
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_TINY_CORPUS], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<s>")
+    target = tiny_llama(vocab=len(tokenizer), layers=2, hidden=64, seed=0, max_positions=256)
+    draft = noisy_copy(target, scale=0.02, seed=1)
+    dirs = []
+    for name, model in (("target", target), ("draft", draft)):
+        model.to(torch.float32).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        dirs.append(str(root / name))
+    return dirs[0], dirs[1]
+
+
+def model_pair(kind: str, root: Path) -> tuple[str, str]:
+    if kind == "demo":
+        from models.demo import build_demo_models
+
+        demo = build_demo_models()
+        return str(demo.target_dir), str(demo.draft_dir)
+    return tiny_pair(root)
+
+
+# -- services ------------------------------------------------------------------------------------------
+@dataclass
+class Services:
+    admin_url: str
+    redis_url: str
+    db_name: str = field(default_factory=lambda: f"specq_bench_{os.getpid()}")
+
+    @property
+    def db_url(self) -> str:
+        base = self.admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+        return f"{base}/{self.db_name}"
+
+    def create(self) -> None:
+        import psycopg
+        import redis
+
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{self.db_name}"')
+        redis.Redis.from_url(self.redis_url).flushdb()
+
+    def drop(self) -> None:
+        import psycopg
+        import redis
+
+        from db.session import dispose_all
+
+        dispose_all()
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+        redis.Redis.from_url(self.redis_url).flushdb()
+
+    def env(self, home: Path, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+        env.update(
+            SPECQ_DATABASE_URL=self.db_url, SPECQ_BROKER_URL=self.redis_url, SPECQ_HOME=str(home), OMP_NUM_THREADS="1"
+        )
+        env.update(extra)
+        return env
+
+
+def _wait(check: Any, timeout: float, what: str, poll: float = 0.05) -> float:
+    """Poll until `check()` is true; the time it took."""
+    began = time.monotonic()
+    while not check():
+        if time.monotonic() - began > timeout:
+            raise TimeoutError(f"no {what} after {timeout}s")
+        time.sleep(poll)
+    return time.monotonic() - began
+
+
+def redis_up() -> bool:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    try:
+        return bool(redis.Redis(socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)).ping())
+    except redis.RedisError:
+        return False
+
+
+def restart_redis() -> float:
+    """Stop Redis (nothing saved) and start it again; seconds it was down."""
+    subprocess.run(["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"], capture_output=True, timeout=30)
+    _wait(lambda: not redis_up(), 10, "Redis stop")
+    down = time.monotonic()
+    try:
+        time.sleep(0.5)
+    finally:
+        subprocess.run(
+            [
+                *("redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379"),
+                *("--save", "", "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        _wait(redis_up, 30, "Redis start")
+    return time.monotonic() - down
+
+
+def postgres_up(admin_url: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(admin_url, connect_timeout=1) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+def restart_postgres(admin_url: str) -> float:
+    """Stop PostgreSQL (fast shutdown: every connection cut) and start it again; seconds it was down."""
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    ctl = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main"]
+    subprocess.run([*ctl, "stop"], capture_output=True, timeout=120)
+    down = time.monotonic()
+    try:
+        time.sleep(1.0)
+    finally:
+        subprocess.run([*ctl, "start"], capture_output=True, timeout=120)
+        _wait(lambda: postgres_up(admin_url), 60, "PostgreSQL start", poll=0.2)
+    return time.monotonic() - down
+
+
+# -- workers and jobs ----------------------------------------------------------------------------------
+class Worker:
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "ab")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [*SPECQ, "worker", "--device", "cpu"], env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"worker exited: {self.log_path.read_text(errors='replace')[-2000:]}")
+        return " ready." in self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@contextmanager
+def workers(env: dict[str, str], count: int, logs: Path) -> Any:
+    started: list[Worker] = []
+    try:
+        for _ in range(count):
+            started.append(Worker(env, logs / f"worker{len(started)}.log"))
+        _wait(lambda: all(w.ready() for w in started), 180, "ready workers", poll=0.2)
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+def write_input(path: Path, count: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    words = ["def", "class", "return", "import", "for", "while", "print", "self", "value", "items", "data"]
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(count):
+            prompt = " ".join(rng.choice(words) for _ in range(rng.randint(2, 12))) + f" {i}:"
+            f.write(json.dumps({"id": f"q{i}", "prompt": prompt, "max_tokens": rng.randint(2, 4), "temperature": 0}))
+            f.write("\n")
+
+
+def submit(env: dict[str, str], path: Path, target: str, draft: str, batch_size: int) -> tuple[str, float]:
+    began = time.monotonic()
+    done = subprocess.run(
+        [*SPECQ, "submit", str(path), "--target", target, "--draft", draft, "--batch-size", str(batch_size)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip(), time.monotonic() - began
+
+
+def counts(db_url: str, job_id: str) -> dict[str, Any]:
+    """The job's row, its requests by state, and its results: what was lost or duplicated."""
+    from sqlalchemy import func, select
+
+    from db.models import Batch, Job, Request, Result
+    from db.session import open_database
+
+    with open_database(db_url).session() as session:
+        job = session.get_one(Job, job_id)
+        states = {
+            state: n
+            for state, n in session.execute(
+                select(Request.state, func.count()).where(Request.job_id == job_id).group_by(Request.state)
+            )
+        }
+        results, distinct = session.execute(
+            select(func.count(Result.id), func.count(func.distinct(Result.request_id)))
+            .join(Request)
+            .where(Request.job_id == job_id)
+        ).one()
+        claimed_again = session.scalar(select(func.count()).where(Request.job_id == job_id, Request.attempts > 1))
+        engine_s, batches = session.execute(
+            select(func.coalesce(func.sum(Batch.seconds), 0.0), func.count(Batch.id)).where(Batch.job_id == job_id)
+        ).one()
+        wall = (job.finished_at - job.started_at).total_seconds() if job.finished_at and job.started_at else None
+        return {
+            "state": job.state,
+            "total": job.total,
+            "completed": job.completed,
+            "failed": job.failed,
+            "tokens": job.generated_tokens,
+            "chunk_size": job.settings["chunk_size"],
+            "states": states,
+            "results": results,
+            "lost": job.total - distinct,
+            "duplicated": results - distinct,
+            "counters_agree": job.completed + job.failed == results,
+            "claimed_again": claimed_again,
+            "engine_s": float(engine_s),
+            "batches": batches,
+            "wall_s": wall,
+        }
+
+
+def progress(db_url: str, job_id: str) -> tuple[str, int]:
+    from db.models import Job
+    from db.session import open_database
+
+    with open_database(db_url).session() as session:
+        job = session.get_one(Job, job_id)
+        return job.state, job.completed + job.failed
+
+
+def wait_done(db_url: str, job_id: str, timeout: float) -> float:
+    return _wait(lambda: progress(db_url, job_id)[0] in ("completed", "failed", "cancelled"), timeout, "job end", 0.2)
+
+
+# -- the load run --------------------------------------------------------------------------------------
+def load(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="specq_load_"))
+    services = Services(args.pg_admin_url, args.redis_url)
+    target, draft = model_pair(args.models, work)
+    path = work / "in.jsonl"
+    write_input(path, args.requests)
+    services.create()
+    try:
+        env = services.env(work / "home")
+        say(f"starting {args.workers} workers")
+        with workers(env, args.workers, work):
+            say(f"submitting {args.requests} requests")
+            job_id, submit_s = submit(env, path, target, draft, args.batch_size)
+            wait_done(services.db_url, job_id, args.timeout)
+            found = counts(services.db_url, job_id)
+        say("the same file through `specq run` (one process, no queue)")
+        began = time.monotonic()
+        subprocess.run(
+            [
+                *SPECQ,
+                "run",
+                str(path),
+                "-o",
+                str(work / "run.jsonl"),
+                "--target",
+                target,
+                "--draft",
+                draft,
+                "--batch-size",
+                str(args.batch_size),
+            ],
+            env={**env, "SPECQ_DATABASE_URL": "", "SPECQ_BROKER_URL": ""},
+            check=True,
+            capture_output=True,
+        )
+        run_s = time.monotonic() - began
+    finally:
+        services.drop()
+        if args.keep:
+            say(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    wall = found["wall_s"] or float("nan")
+    busy = found["engine_s"] / (args.workers * wall)
+    load_avg = os.getloadavg()
+    print(
+        f"""
+## Queue load run
+
+`python bench/load_run.py load --requests {args.requests} --workers {args.workers} --models {args.models}`
+({time.strftime("%Y-%m-%d")}; {os.cpu_count()} CPU cores, load average {load_avg[0]:.1f} at the end;
+PostgreSQL and Redis on the same machine; {args.workers} `specq worker --device cpu` processes, one
+thread each; greedy requests of 2 to 4 tokens, batch size {args.batch_size}, chunks of
+{found["chunk_size"]} requests.)
+
+| | |
+| --- | --- |
+| requests | {found["total"]} ({found["completed"]} completed, {found["failed"]} failed) |
+| lost / duplicated | {found["lost"]} / {found["duplicated"]}; job counters match the rows: {found["counters_agree"]} |
+| submit (validate, store, enqueue) | {submit_s:.1f} s, model check included |
+| first claim to last result | {wall:.1f} s |
+| throughput | {found["total"] / wall:,.0f} requests/s, {found["tokens"] / wall:,.0f} tokens/s |
+| engine time, summed over {found["batches"]} batches | {found["engine_s"]:.1f} s |
+| queue overhead (workers' time outside the engine) | {100 * (1 - busy):.0f} % |
+| `specq run`, same file, no queue | {run_s:.1f} s, model load included ({found["total"] / run_s:,.0f} req/s) |
+"""
+    )
+
+
+# -- the drills ----------------------------------------------------------------------------------------
+@dataclass
+class Drill:
+    name: str
+    fault_at: int  # requests done when the fault hit
+    recovered_s: float  # fault (or service back) -> the lost work moving again
+    detail: str
+    job_s: float
+    found: dict[str, Any]
+
+
+def owner_count(db_url: str, job_id: str, owner_pid: int) -> int:
+    from sqlalchemy import func, select
+
+    from db.models import Request
+    from db.session import open_database
+
+    with open_database(db_url).session() as session:
+        return (
+            session.scalar(
+                select(func.count()).where(
+                    Request.job_id == job_id, Request.state == "running", Request.lease_owner.like(f"%:{owner_pid}")
+                )
+            )
+            or 0
+        )
+
+
+def drills(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="specq_drills_"))
+    services = Services(args.pg_admin_url, args.redis_url)
+    target, draft = model_pair(args.models, work)
+    path = work / "in.jsonl"
+    write_input(path, args.requests)
+    timings = FAST_TIMINGS if args.fast else {}
+    from worker.settings import QueueSettings
+
+    settings = QueueSettings(**{k[6:].lower(): float(v) for k, v in timings.items()})
+    services.create()
+    results: list[Drill] = []
+    baseline = 0.0
+    try:
+        env = services.env(work / "home", **timings)
+        with workers(env, 2, work) as fleet:
+            say("baseline: no fault")
+            job_id, _ = submit(env, path, target, draft, args.batch_size)
+            baseline = wait_done(services.db_url, job_id, args.timeout)
+
+            def start_job() -> tuple[str, int]:
+                job_id, _ = submit(env, path, target, draft, args.batch_size)
+                third = args.requests // 5
+                _wait(lambda: progress(services.db_url, job_id)[1] >= third, args.timeout, "progress", 0.02)
+                return job_id, progress(services.db_url, job_id)[1]
+
+            if "kill" in args.only:
+                kill_drill(args, services, env, fleet, work, start_job, results)
+            if "redis" in args.only:
+                redis_drill(args, services, start_job, results)
+            if "postgres" in args.only:
+                postgres_drill(args, services, start_job, results)
+    finally:
+        services.drop()
+        if args.keep:
+            say(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    report_drills(args, settings, baseline, results)
+
+
+def kill_drill(
+    args: argparse.Namespace,
+    services: Services,
+    env: dict[str, str],
+    fleet: list[Worker],
+    work: Path,
+    start_job: Any,
+    results: list[Drill],
+) -> None:
+    say("drill: kill -9 of a worker mid-batch")
+    job_id, at = start_job()
+    began = time.monotonic()
+    victim = max(fleet, key=lambda w: owner_count(services.db_url, job_id, w.proc.pid))
+    held = owner_count(services.db_url, job_id, victim.proc.pid)
+    victim.stop(signal.SIGKILL)
+    requeued = _wait(lambda: owner_count(services.db_url, job_id, victim.proc.pid) == 0, args.timeout, "requeue")
+    wait_done(services.db_url, job_id, args.timeout)
+    results.append(
+        Drill(
+            "worker killed (SIGKILL) mid-batch",
+            at,
+            requeued,
+            f"{held} requests leased to the dead worker, requeued by the other's sweeper",
+            time.monotonic() - began,
+            counts(services.db_url, job_id),
+        )
+    )
+    fleet.remove(victim)
+    replacement = Worker(env, work / "worker-replacement.log")
+    fleet.append(replacement)
+    _wait(replacement.ready, 180, "replacement worker", 0.2)
+
+
+def redis_drill(args: argparse.Namespace, services: Services, start_job: Any, results: list[Drill]) -> None:
+    import redis
+
+    say("drill: Redis restarted mid-job")
+    job_id, at = start_job()
+    began = time.monotonic()
+    down_s = restart_redis()
+    client = redis.Redis.from_url(services.redis_url)
+    from worker.constants import CHUNK_QUEUE_KEY
+
+    def moving_again() -> bool:
+        try:
+            return client.llen(CHUNK_QUEUE_KEY) > 0 or progress(services.db_url, job_id)[0] == "completed"
+        except redis.RedisError:
+            return False
+
+    recovered = _wait(moving_again, args.timeout, "re-enqueued chunks")
+    wait_done(services.db_url, job_id, args.timeout)
+    results.append(
+        Drill(
+            "Redis restarted mid-job (every message lost)",
+            at,
+            recovered,
+            f"Redis down {down_s:.1f} s; lost chunks back on the queue {recovered:.1f} s after it returned",
+            time.monotonic() - began,
+            counts(services.db_url, job_id),
+        )
+    )
+
+
+def postgres_drill(args: argparse.Namespace, services: Services, start_job: Any, results: list[Drill]) -> None:
+    say("drill: PostgreSQL restarted mid-job")
+    job_id, at = start_job()
+    began = time.monotonic()
+    down_s = restart_postgres(services.admin_url)
+    before = progress(services.db_url, job_id)[1]
+    recovered = _wait(
+        lambda: progress(services.db_url, job_id)[1] > before or progress(services.db_url, job_id)[0] == "completed",
+        args.timeout,
+        "new results",
+    )
+    wait_done(services.db_url, job_id, args.timeout)
+    results.append(
+        Drill(
+            "PostgreSQL restarted mid-job",
+            at,
+            recovered,
+            f"PostgreSQL down {down_s:.1f} s; new results {recovered:.1f} s after it returned",
+            time.monotonic() - began,
+            counts(services.db_url, job_id),
+        )
+    )
+
+
+def report_drills(args: argparse.Namespace, settings: Any, baseline: float, results: list[Drill]) -> None:
+    mode = "--fast (lease 3 s, heartbeat 0.5 s, sweep 1 s)" if args.fast else "the default timings"
+    print(
+        f"""
+### Drills: `python bench/load_run.py drills --requests {args.requests}{" --fast" if args.fast else ""}`
+
+({time.strftime("%Y-%m-%d")}; two `specq worker --device cpu` processes, {mode}: heartbeat
+{settings.heartbeat_s:g} s, lease {settings.lease_s:g} s, sweep {settings.sweep_s:g} s, lost-message check after
+{settings.lost_after:g} s. Jobs of {args.requests} greedy requests of 2 to 4 tokens, the same job
+taking {baseline:.1f} s with no fault; each fault hit once a fifth of its job was done.)
+
+| drill | recovery | job time | lost | duplicated | requests claimed twice | what happened |
+| --- | --- | --- | --- | --- | --- | --- |"""
+    )
+    for d in results:
+        f = d.found
+        assert f["state"] == "completed" and f["lost"] == 0 and f["counters_agree"], f
+        print(
+            f"| {d.name} | {d.recovered_s:.1f} s | {d.job_s:.1f} s | {f['lost']} | {f['duplicated']} | "
+            f"{f['claimed_again']} | {d.detail} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=("load", "drills"))
+    parser.add_argument("--requests", type=int, help="requests in the job (load: 20000, drills: 3000)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--models", choices=("tiny", "demo"), default="tiny")
+    parser.add_argument("--fast", action="store_true", help="drills: 3 s leases instead of the defaults")
+    parser.add_argument("--only", default="kill,redis,postgres", help="drills: which ones, comma-separated")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (worker logs) and say where")
+    parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    args = parser.parse_args()
+    if args.requests is None:
+        args.requests = 20000 if args.what == "load" else 3000
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    os.chdir(root)
+    (load if args.what == "load" else drills)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""`specq autoscale --min N --max M [--devices ...] [--cooldown S] [--interval S]`: local workers sized
+to the backlog, until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import click
+
+from cli.main import cli
+from cli.options import broker_option, database_option, specq_errors
+
+
+@cli.command("autoscale")
+@click.option(
+    "--min",
+    "min_workers",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Workers kept running (0: scale to zero when idle).",
+)
+@click.option("--max", "max_workers", type=click.IntRange(min=1), required=True, help="Most workers running at once.")
+@click.option(
+    "--devices",
+    help="Comma-separated devices the workers are placed on, round-robin, e.g. cuda:0,cuda:1 or cpu. "
+    "[default: every visible GPU, else cpu]",
+)
+@click.option(
+    "--cooldown",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds the backlog must stay low before a worker is stopped.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds between backlog reads.",
+)
+@click.option(
+    "--backlog-per-worker",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Requests (queued plus running) one worker is sized for.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Seconds a stopping worker gets to finish its batch before it is killed.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write each worker's log to its own file here. [default: this command's stderr]",
+)
+@database_option
+@broker_option
+@click.pass_context
+def autoscale(
+    ctx: click.Context,
+    min_workers: int,
+    max_workers: int,
+    devices: str | None,
+    cooldown: float,
+    interval: float,
+    backlog_per_worker: int,
+    grace: float,
+    log_dir: Path | None,
+    database_url: str | None,
+    broker_url: str | None,
+) -> None:
+    """Keep between --min and --max local workers running, sized to the backlog, until SIGTERM.
+
+    The backlog (requests queued plus running) is read from the database every --interval seconds.
+    Workers start at once when it grows, and stop (gracefully: the batch in hand finishes, the rest goes
+    back to the queue) only once it has stayed low for --cooldown seconds. Every decision is logged on
+    one line. On SIGTERM every worker is stopped and none is left behind.
+    """
+    from jobs.services import broker_url as resolve_broker
+    from worker.autoscale.config import AutoscaleConfig, default_devices, parse_devices
+
+    broker = resolve_broker(broker_url)
+    if broker is None:
+        raise click.UsageError("autoscale needs a broker: give --broker-url or set SPECQ_BROKER_URL")
+    placed = parse_devices(devices) if devices is not None else default_devices()
+    try:
+        config = AutoscaleConfig(
+            min_workers=min_workers,
+            max_workers=max_workers,
+            devices=placed,
+            backlog_per_worker=backlog_per_worker,
+            cooldown_s=cooldown,
+            interval_s=interval,
+            grace_s=grace,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    verbose = ctx.find_root().params.get("verbose") or 0
+    # the decisions are what this command is for: shown without -v
+    logging.getLogger("worker.autoscale").setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    with specq_errors():
+        from worker.autoscale.loop import run_autoscaler
+
+        run_autoscaler(config, database_url=database_url, broker=broker, env=os.environ, log_dir=log_dir)
