@@ -416,7 +416,7 @@ def run_bench(
     rows: list[dict[str, Any]] = []
     all_runs: list[Run] = []
     for b in settings.batch_sizes:
-        contenders = []
+        contenders: list[_Contender] = []
         for name in SPECQ_RUNS:
             config = DecodingConfig(num_speculative_tokens=k, fixed_k=name == "spec_fixed", batch_size=b)
             engine = SpeculativeEngine(target, tokenizer, None if name == "target_only" else draft, config)
