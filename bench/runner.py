@@ -13,9 +13,9 @@ adaptive policy starts from measured step times), then timed by the wall clock a
 the timed passes of all runs at one batch size taking turns; tokens are completion tokens (EOS
 excluded, as the engine counts them).
 
-Derived numbers. Forward times are means over every step of the timed passes, recorded through
-the engine policy's `observe_step` and keyed as `EngineStats.forward_seconds` (whose own values are
-moving averages that one slow step skews); counters are `EngineStats`' (terms as in decoding/stats.py):
+Derived numbers. Forward times are means over every step of the timed passes, from the engine's
+own sums and counts (`EngineStats.mean_seconds()`); counters are `EngineStats`' (terms as in
+decoding/stats.py):
 
     a         acceptance rate of spec_fixed (vLLM's: accepted / draft tokens);
     alpha     its per-token acceptance rate as Leviathan et al. define it (accepted / positions reached);
@@ -41,7 +41,6 @@ import os
 import platform
 import statistics
 import time
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -141,10 +140,6 @@ class Run:
     load_average: list[float] = field(default_factory=list)  # 1-minute load before the first, after the last
     outputs: dict[int, list[int]] = field(default_factory=dict)  # prompt index -> completion token ids
     stats: dict[str, Any] | None = None  # EngineStats.to_dict() over the timed passes (specq runs)
-    k_steps: dict[int, int] | None = None  # steps that proposed k tokens (specq runs)
-    # per-step times over the timed passes, keyed as EngineStats.forward_seconds (plus `step:k@rows`, a
-    # whole step): {"mean", "median", "count"} (specq runs)
-    step_seconds: dict[str, dict[str, float]] | None = None
     policy: dict[str, Any] | None = None  # what the adaptive-k policy believed at the end (specq runs)
 
     @property
@@ -158,13 +153,15 @@ class Run:
         sibling count too, so it is no cleaner than the wall clock."""
         return statistics.median(t / s for t, s in zip(self.tokens, self.cpu_seconds, strict=True) if s > 0)
 
+    @property
+    def k_steps(self) -> dict[int, int] | None:
+        """Steps that proposed k draft tokens (specq runs)."""
+        return {int(k): n for k, n in self.stats["k_steps"].items()} if self.stats else None
+
     def forward_seconds(self) -> dict[str, float]:
-        """Mean seconds of each kind of forward pass over every step of the timed passes; the engine's
-        own `forward_seconds` (an exponential moving average, which one slow step can dominate for
-        dozens of steps) where these were not recorded."""
-        if self.step_seconds:
-            return {key: value["mean"] for key, value in self.step_seconds.items()}
-        return self.stats["forward_seconds"] if self.stats else {}
+        """Mean seconds of each kind of timed work over the timed passes, keyed as
+        `EngineStats.mean_seconds()` (`draft@B`, `target:N@B`, `step:k@B`)."""
+        return self.stats["mean_seconds"] if self.stats else {}
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -489,8 +486,6 @@ class _EngineContender(_Contender):
     def __init__(self, run: Run, engine: SpeculativeEngine, requests: list[GenerationRequest]):
         super().__init__(run, lambda: hf_baselines.BaselineRun({}, 0.0))
         self.engine, self.requests = engine, requests
-        self.k_steps: Counter = Counter()
-        self.step_samples: dict[str, list[float]] = defaultdict(list)
 
     def once(self) -> tuple[dict[int, list[int]], float]:
         started = time.perf_counter()
@@ -499,16 +494,10 @@ class _EngineContender(_Contender):
 
     def begin(self) -> None:
         self.engine.reset_stats()
-        _observe_policy(self.engine, self.k_steps, self.step_samples)
 
     def end(self) -> None:
         self.run.stats = self.engine.stats.to_dict()
-        self.run.k_steps = dict(sorted(self.k_steps.items()))
         self.run.policy = _policy_snapshot(self.engine)
-        self.run.step_seconds = {
-            key: {"mean": statistics.fmean(v), "median": statistics.median(v), "count": len(v)}
-            for key, v in sorted(self.step_samples.items())
-        }
 
 
 def _measure(contenders: list[_Contender], settings: BenchSettings) -> None:
@@ -547,8 +536,8 @@ def _policy_snapshot(engine: SpeculativeEngine) -> dict[str, Any] | None:
     policy = engine.policy
     try:
 
-        def ms(mean) -> float | None:
-            return None if mean.value is None else round(mean.value * 1e3, 3)
+        def ms(timing) -> float | None:
+            return None if timing.value is None else round(timing.value * 1e3, 3)
 
         return {
             "alpha": [round(float(a), 4) for a in policy.acceptance()],
@@ -561,29 +550,6 @@ def _policy_snapshot(engine: SpeculativeEngine) -> dict[str, Any] | None:
         }
     except (AttributeError, TypeError):  # a policy of another shape: the snapshot is optional
         return None
-
-
-def _observe_policy(engine: SpeculativeEngine, k_steps: Counter, samples: dict[str, list[float]]) -> None:
-    """Record what the engine's policy sees, through its public methods (read-only wrappers): the k
-    picked each step, and every step's measured times, keyed as `forward_seconds` is
-    (`draft@rows`, `target:N@rows`), plus `step:k@rows`, a whole step's wall time."""
-    policy = engine.policy
-    choose, observe_step = policy.choose, policy.observe_step
-
-    def counted(rows: int, limit: int) -> int:
-        k = choose(rows, limit)
-        k_steps[k] += 1
-        return k
-
-    def observed(rows: int, k: int, t_draft: float, t_target: float, t_total: float) -> None:
-        if k:
-            samples[f"draft@{rows}"].append(t_draft / k)
-        samples[f"target:{k + 1}@{rows}"].append(t_target)
-        samples[f"step:{k}@{rows}"].append(t_total)
-        observe_step(rows, k, t_draft, t_target, t_total)
-
-    policy.choose = counted  # type: ignore[method-assign]
-    policy.observe_step = observed  # type: ignore[method-assign]
 
 
 def _line(run: Run) -> str:

@@ -125,7 +125,11 @@ class SpeculativeEngine:
     `GenerationResult` per request as it finishes (completion order; match them by `key`).
     """
 
-    def __init__(self, target, tokenizer, draft=None, config: DecodingConfig | None = None) -> None:
+    def __init__(
+        self, target, tokenizer, draft=None, config: DecodingConfig | None = None, policy: SpeculationPolicy | None = None
+    ) -> None:
+        """`policy`: pass the one a previous engine on the same models and device used, so its measured
+        step times and acceptance carry over (a worker builds an engine per batch)."""
         self.config = config or DecodingConfig()
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.device = next(target.parameters()).device
@@ -137,7 +141,9 @@ class SpeculativeEngine:
         self.eos_token_ids = _eos_token_ids(target, tokenizer)
         self._eos = torch.tensor(sorted(self.eos_token_ids) or [-1], device=self.device)
         self._start_token_id = _start_token_id(tokenizer)
-        self.policy = SpeculationPolicy(
+        if policy is not None and (policy.max_k, policy.fixed) != (self.max_k, self.config.fixed_k):
+            raise ValueError("the policy was made for another K or mode")
+        self.policy = policy or SpeculationPolicy(
             self.max_k, fixed=self.config.fixed_k, probe_interval=self.config.probe_interval
         )
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
@@ -360,7 +366,7 @@ class SpeculativeEngine:
         watch.mark()
         t_draft, t_target, t_rest = watch.seconds()
         self.policy.observe_step(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
-        self._record(batch.rows, k, t_draft, t_target)
+        self._record(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
         yield from self._finish(batch, live, k, report)
 
     def _propose(self, batch: _Batch, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -560,25 +566,21 @@ class SpeculativeEngine:
             out = torch.nn.functional.pad(out, (0, self.vocab_size - out.shape[-1]), value=float("-inf"))
         return out
 
-    def _record(self, rows: int, k: int, t_draft: float, t_target: float) -> None:
-        self.stats.time_draft_s += t_draft
-        self.stats.time_target_s += t_target
-        seconds = self.stats.forward_seconds
+    def _record(self, rows: int, k: int, t_draft: float, t_target: float, t_step: float) -> None:
+        stats = self.stats
+        stats.time_draft_s += t_draft
+        stats.time_target_s += t_target
+        stats.k_steps[k] = stats.k_steps.get(k, 0) + 1
         if k:
-            key = f"draft@{rows}"
-            seconds[key] = _running_mean(seconds.get(key), t_draft / k)
-        key = f"target:{k + 1}@{rows}"
-        seconds[key] = _running_mean(seconds.get(key), t_target)
+            stats.add_time(f"draft@{rows}", t_draft, count=k)
+        stats.add_time(f"target:{k + 1}@{rows}", t_target)
+        stats.add_time(f"step:{k}@{rows}", t_step)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-def _running_mean(old: float | None, new: float) -> float:
-    return new if old is None else 0.9 * old + 0.1 * new
-
-
 def _failed(request: GenerationRequest, error: str) -> GenerationResult:
     return GenerationResult(
         key=request.key,

@@ -9,29 +9,40 @@ al. 2024):
     goodput(k) = E[tokens per row](k) / (overhead + k * t_draft + t_target(k + 1))
     E[tokens per row](k) = 1 + sum_{i=1..k} prod_{j<=i} alpha_j
 
-where alpha_j is the measured probability that draft position j is accepted given that position
-j - 1 was, and the times are running means measured per batch size (rows). k = 0 is plain
-decoding. Unmeasured target widths are interpolated between measured ones. Every
-`probe_interval` steps a neighbouring k is tried, so estimates never go stale.
+alpha_j is the measured probability that draft position j is accepted given that position j - 1
+was, shrunk towards the acceptance pooled over all positions, so a position the policy has rarely
+reached (because it chose a small k) is estimated from the others instead of from a fixed prior:
+without that, an early run of small k would keep the deep positions unmeasured and k small for good.
+
+Times are medians of the last few steps of each kind, per batch size (rows): a step slowed by a
+garbage collection or a neighbouring process must not move the choice for dozens of steps.
+Unmeasured target widths are interpolated between measured ones. Every `probe_interval` steps a
+neighbouring k is tried, and every fourth probe the full K, so estimates never go stale.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+import statistics
+from collections import defaultdict, deque
 
 import numpy as np
 
-_EMA = 0.2  # weight of the newest timing; steps are noisy, batch shapes drift
+_WINDOW = 15  # steps a timing median covers
 _ACCEPT_DECAY = 0.995  # acceptance counts fade so the estimate follows the prompt mix
+_SHRINK = 4.0  # pseudo-observations of the pooled acceptance added to every position
 
 
-class _Mean:
+class _Timing:
+    """Median seconds of the last `_WINDOW` observations."""
+
     def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=_WINDOW)
         self.value: float | None = None
 
     def add(self, seconds: float) -> None:
-        self.value = seconds if self.value is None else (1 - _EMA) * self.value + _EMA * seconds
+        self.samples.append(seconds)
+        self.value = statistics.median(self.samples)
 
 
 class SpeculationPolicy:
@@ -40,11 +51,12 @@ class SpeculationPolicy:
         self.fixed = fixed
         self.probe_interval = probe_interval
         self.steps = 0
-        self.t_draft: dict[int, _Mean] = defaultdict(_Mean)  # rows -> one draft forward
-        self.t_target: dict[int, dict[int, _Mean]] = defaultdict(lambda: defaultdict(_Mean))  # rows -> width
-        self.t_overhead: dict[int, _Mean] = defaultdict(_Mean)  # rows -> rest of a step
-        self.reached = np.full(max(max_k, 1), 2.0)  # prior: alpha_j = 0.5, worth two observations
-        self.accepted = np.full(max(max_k, 1), 1.0)
+        self.t_draft: dict[int, _Timing] = defaultdict(_Timing)  # rows -> one draft forward
+        self.t_target: dict[int, dict[int, _Timing]] = defaultdict(lambda: defaultdict(_Timing))  # rows -> width
+        self.t_overhead: dict[int, _Timing] = defaultdict(_Timing)  # rows -> rest of a step
+        positions = max(max_k, 1)
+        self.reached = np.zeros(positions)  # [K] (decayed) rows whose draft got to position j
+        self.accepted = np.zeros(positions)  # [K] (decayed) rows whose draft token j was accepted
 
     # -- observations -------------------------------------------------------------------------------
     def observe_step(self, rows: int, k: int, t_draft: float, t_target: float, t_total: float) -> None:
@@ -69,7 +81,9 @@ class SpeculationPolicy:
 
     # -- decision -----------------------------------------------------------------------------------
     def acceptance(self) -> np.ndarray:
-        return self.accepted / self.reached  # [K] alpha_j
+        """[K] alpha_j, each shrunk towards the pooled acceptance (itself starting from a prior of 0.5)."""
+        pooled = (self.accepted.sum() + 1.0) / (self.reached.sum() + 2.0)
+        return (self.accepted + _SHRINK * pooled) / (self.reached + _SHRINK)
 
     def expected_tokens(self, k: int) -> float:
         return 1.0 + float(np.cumprod(self.acceptance()[:k]).sum()) if k else 1.0
@@ -77,10 +91,12 @@ class SpeculationPolicy:
     def step_time(self, rows: int, k: int) -> float | None:
         draft = _nearest(self.t_draft, rows)
         targets = _nearest(self.t_target, rows)
-        if targets is None or (k and draft is None):
+        if targets is None or (k and _value(draft) is None):
             return None
-        target = _interpolate({w: m.value for w, m in targets.items() if m.value is not None}, k + 1)
-        return _value(_nearest(self.t_overhead, rows)) + k * _value(draft) + target
+        measured = {w: t.value for w, t in targets.items() if t.value is not None}
+        if not measured:
+            return None
+        return (_value(_nearest(self.t_overhead, rows)) or 0.0) + k * (_value(draft) or 0.0) + _interpolate(measured, k + 1)
 
     def choose(self, rows: int, limit: int) -> int:
         """The k for the next step of a batch of `rows`; `limit` caps it (context, tokens left)."""
@@ -93,20 +109,20 @@ class SpeculationPolicy:
         for width in (top + 1, 1):
             if width not in measured or measured[width].value is None:
                 return width - 1
-        goodput = []
-        for k in range(top + 1):
-            seconds = self.step_time(rows, k)
-            goodput.append(self.expected_tokens(k) / seconds if seconds else 0.0)
-        best = int(np.argmax(goodput))
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()[:top]))])  # [top + 1]
+        seconds = np.array([self.step_time(rows, k) or np.inf for k in range(top + 1)])
+        best = int(np.argmax(expected / seconds))
         if self.steps % self.probe_interval == 0:
+            probe = self.steps // self.probe_interval
+            if probe % 4 == 0:
+                return top
             # Alternate probing above and below the current best.
-            above = (self.steps // self.probe_interval) % 2 == 0
-            best = min(best + 1, top) if above or best == 0 else best - 1
+            best = min(best + 1, top) if probe % 2 == 0 or best == 0 else best - 1
         return best
 
 
-def _value(mean: _Mean | None) -> float:
-    return mean.value if mean is not None and mean.value is not None else 0.0
+def _value(timing: _Timing | None) -> float | None:
+    return None if timing is None else timing.value
 
 
 def _nearest(table: dict, rows: int):

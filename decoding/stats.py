@@ -32,9 +32,19 @@ class EngineStats:
     time_draft_s: float = 0.0  # draft forward passes while proposing
     time_target_s: float = 0.0  # target forward passes while verifying / decoding
     time_total_s: float = 0.0  # wall time inside generate()
-    # mean seconds of one forward pass, keyed by "draft" and by "target:N" (N query tokens a row), for the
-    # batch sizes seen; the benchmark reads its cost ratio c and t_verify from here
-    forward_seconds: dict[str, float] = field(default_factory=dict)
+    k_steps: dict[int, int] = field(default_factory=dict)  # k -> steps that proposed k draft tokens
+    # Summed seconds and counts per kind of timed work, keyed `draft@B` (one draft forward), `target:N@B`
+    # (one target forward with N tokens a row) and `step:k@B` (a whole step proposing k), at B rows; the
+    # benchmark reads its cost ratio c and t_verify from the means.
+    timed_seconds: dict[str, float] = field(default_factory=dict)
+    timed_counts: dict[str, int] = field(default_factory=dict)
+
+    def add_time(self, key: str, seconds: float, count: int = 1) -> None:
+        self.timed_seconds[key] = self.timed_seconds.get(key, 0.0) + seconds
+        self.timed_counts[key] = self.timed_counts.get(key, 0) + count
+
+    def mean_seconds(self) -> dict[str, float]:
+        return {key: self.timed_seconds[key] / n for key, n in self.timed_counts.items() if n}
 
     @property
     def acceptance_rate(self) -> float:
@@ -54,5 +64,6 @@ class EngineStats:
             acceptance_rate=self.acceptance_rate,
             mean_acceptance_length=self.mean_acceptance_length,
             tokens_per_second=self.tokens_per_second,
+            mean_seconds=self.mean_seconds(),
         )
         return out

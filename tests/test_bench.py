@@ -100,23 +100,24 @@ def test_compare_outputs_reports_first_difference():
     assert compare_outputs({"target_only": {0: [1]}, "spec": {0: [1]}}) == []
 
 
-def _run(name, tokens, seconds, stats=None, k_steps=None, outputs=None):
-    return Run(name, 1, [tokens], [seconds], [seconds], [0.0, 0.0], outputs or {0: [1, 2]}, stats, k_steps)
+def _run(name, tokens, seconds, stats=None, outputs=None):
+    return Run(name, 1, [tokens], [seconds], [seconds], [0.0, 0.0], outputs or {0: [1, 2]}, stats)
 
 
-def _stats(a, e, drafts, forward_seconds, per_position=(0, 0, 0, 0)):
+def _stats(a, e, drafts, mean_seconds, per_position=(0, 0, 0, 0), k_steps=None):
     return {
         "acceptance_rate": a,
         "mean_acceptance_length": e,
         "num_drafts": drafts,
         "accepted_per_position": list(per_position),
-        "forward_seconds": forward_seconds,
+        "mean_seconds": mean_seconds,
+        "k_steps": k_steps or {},
     }
 
 
 def test_derive_row_combines_the_runs():
     runs = {
-        "spec": _run("spec", 300, 1.0, _stats(0.7, 3.0, 10, {}), {4: 9, 0: 1}),
+        "spec": _run("spec", 300, 1.0, _stats(0.7, 3.0, 10, {}, k_steps={4: 9, 0: 1})),
         "spec_fixed": _run(
             "spec_fixed", 320, 1.0, _stats(0.6, 3.4, 10, {"draft@1": 0.001, "target:5@1": 0.012}, (8, 7, 5, 4))
         ),
@@ -143,16 +144,9 @@ def test_derive_row_combines_the_runs():
     assert checks["batch 1: speedup (K fixed) / achievable limit"] is (row["efficiency_fixed"] >= 0.9)
 
 
-def test_run_forward_seconds_prefers_step_means():
-    run = _run("spec_fixed", 10, 1.0, _stats(0.5, 2.0, 1, {"draft@1": 0.5}))
-    assert run.forward_seconds() == {"draft@1": 0.5}  # the engine's own, when no steps were recorded
-    run.step_seconds = {"draft@1": {"mean": 0.002, "median": 0.001, "count": 9}}
-    assert run.forward_seconds() == {"draft@1": 0.002}
-
-
 def test_derive_row_without_hf_or_comparison():
     runs = {
-        "spec": _run("spec", 100, 1.0, _stats(0.0, 0.0, 0, {}), {0: 5}),
+        "spec": _run("spec", 100, 1.0, _stats(0.0, 0.0, 0, {}, k_steps={0: 5})),
         "spec_fixed": _run("spec_fixed", 100, 1.0, _stats(0.0, 0.0, 0, {})),
         "target_only": _run("target_only", 100, 1.0, _stats(0.0, 0.0, 0, {})),
     }

@@ -228,3 +228,20 @@ def test_generate_pulls_requests_lazily(target):
     next(stream)
     assert len(pulled) <= 3
     assert len(list(stream)) == 9
+
+
+def test_step_times_are_raw_sums_and_a_policy_carries_over(target, draft, prompts):
+    results, engine = _run(target, draft, _greedy_requests(prompts), num_speculative_tokens=3, batch_size=9)
+    stats = engine.stats
+    assert sum(stats.k_steps.values()) == stats.num_steps
+    k_steps = sum(n for k, n in stats.k_steps.items() if k)
+    assert sum(n for key, n in stats.timed_counts.items() if key.startswith("step:")) == stats.num_steps
+    draft_forwards = sum(n for key, n in stats.timed_counts.items() if key.startswith("draft@"))
+    assert draft_forwards == sum(k * n for k, n in stats.k_steps.items()) and k_steps
+    means = stats.mean_seconds()
+    assert all(seconds > 0 for seconds in means.values())
+    # a second engine on the same models starts from what the first one measured
+    again = SpeculativeEngine(target, IdTokenizer(), draft, DecodingConfig(num_speculative_tokens=3), engine.policy)
+    assert again.policy is engine.policy and again.policy.t_target
+    with pytest.raises(ValueError, match="another K"):
+        SpeculativeEngine(target, IdTokenizer(), draft, DecodingConfig(num_speculative_tokens=4), engine.policy)

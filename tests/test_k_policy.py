@@ -47,3 +47,28 @@ def test_expected_tokens_uses_per_position_acceptance():
     alpha = policy.acceptance()
     assert np.allclose(alpha, [3 / 4, 2 / 3, 1 / 2], atol=0.02)
     assert np.isclose(policy.expected_tokens(3), 1 + 0.75 + 0.5 + 0.25, atol=0.03)
+
+
+def test_deep_positions_it_rarely_reached_are_estimated_from_the_others():
+    # the policy only ever offered one draft token: positions 2..4 borrow position 1's acceptance
+    policy = SpeculationPolicy(4, fixed=False)
+    for _ in range(200):
+        policy.observe_acceptance(np.array([1, 1, 1, 0]), np.array([1, 1, 1, 1]))
+    assert np.allclose(policy.acceptance(), 0.75, atol=0.02)
+
+
+def test_recovers_full_k_after_a_bad_start():
+    # the first prompts are hard for the draft, then it agrees with the target 90% of the time: the
+    # policy must climb back to K instead of staying where the bad start left it
+    policy = SpeculationPolicy(4, fixed=False)
+    _drive(policy, rows=1, t_draft=0.001, t_target=lambda n: 0.010 + 0.001 * n, acceptance=0.05, steps=60)
+    chosen = _drive(policy, rows=1, t_draft=0.001, t_target=lambda n: 0.010 + 0.001 * n, acceptance=0.9, steps=300)
+    assert np.mean(chosen[-60:]) > 3.5
+
+
+def test_one_slow_step_does_not_move_the_choice():
+    policy = SpeculationPolicy(4, fixed=False)
+    _drive(policy, rows=1, t_draft=0.001, t_target=lambda n: 0.010, acceptance=0.8, steps=100)
+    policy.observe_step(1, 4, 0.004, 5.0, 5.004)  # a garbage collection, a neighbour's burst
+    chosen = _drive(policy, rows=1, t_draft=0.001, t_target=lambda n: 0.010, acceptance=0.8, steps=5)
+    assert chosen[:4] == [4, 4, 4, 4]

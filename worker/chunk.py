@@ -51,6 +51,7 @@ from worker.results import end_batch, start_batch, store_results
 from worker.settings import QUEUE, QueueSettings
 
 if TYPE_CHECKING:
+    from decoding.k_policy import SpeculationPolicy
     from models.loading import ModelPair
     from worker.metrics import WorkerMetrics
 
@@ -68,6 +69,9 @@ class WorkerContext:
     name: str  # the lease owner and the workers-table row
     device: str
     models: ModelCache = field(default_factory=ModelCache)
+    # one adaptive-k policy per model pair and speculation setting, so the step times and acceptance it
+    # measured carry over from batch to batch instead of being learnt again each time
+    policies: dict[tuple, SpeculationPolicy] = field(default_factory=dict)
     queue: QueueSettings = QUEUE
     metrics: WorkerMetrics | None = None
     registered: bool = False  # True: a row in the workers table shows this worker's state
@@ -272,7 +276,15 @@ def _generate_group(
         with ctx.db.session() as session:
             batch_id = start_batch(session, job.id, ctx.name, ctx.device, len(pending))
         _set_worker(ctx, WorkerState.BUSY, job.id, batch_id)
-        engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, replace(config, batch_size=batch_size))
+        policy_key = (job.target, job.draft, job.settings.get("dtype"), config.num_speculative_tokens, config.fixed_k)
+        engine = SpeculativeEngine(
+            pair.target,
+            pair.tokenizer,
+            pair.draft,
+            replace(config, batch_size=batch_size),
+            policy=ctx.policies.get(policy_key),
+        )
+        ctx.policies[policy_key] = engine.policy
         results: Iterator[GenerationResult] = engine.generate(feed.requests(list(pending.values())))
         out_of_memory: BaseException | None = None
         try:
