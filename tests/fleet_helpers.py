@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import redis
 
-from tests.conftest import PG_ADMIN_URL
+from tests.services import PG_ADMIN_URL
 
 REDIS_START = [
     "redis-server",

@@ -15,7 +15,7 @@ import click
 import pytest
 import yaml
 
-from tests.conftest import invoke
+from tests.services import invoke
 from worker.constants import CHUNK_QUEUE_KEY
 
 ROOT = Path(__file__).resolve().parent.parent

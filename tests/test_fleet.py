@@ -27,8 +27,15 @@ from sqlalchemy import func, select
 
 from db.models import Request, Result, Worker
 from db.session import open_database
-from tests.conftest import invoke, job_status, services_env, wait_state, write_requests
 from tests.fleet_helpers import DRILL_ENV, pid_alive, wait_for
+from tests.services import (
+    job_status,
+    request_states,
+    services_env,
+    submit_job,
+    wait_state,
+    write_requests,
+)
 from worker.recovery import chunks_in_broker, queued_chunks
 
 POISON = "POISON_PILL"
@@ -83,9 +90,7 @@ def test_autoscale_zero_to_n_to_zero_crash_loop_and_sigterm(pg_db_url, redis_url
         lines[3]["prompt"] = f"def {POISON}(x):"
         path = write_requests(tmp_path / "poison.jsonl", lines)
         args = ["--target", tiny_pair[0], "--draft", tiny_pair[1], "--batch-size", "2", "--max-attempts", "2"]
-        result = invoke(["submit", path, *args], env)
-        assert result.exit_code == 0, result.output
-        job_id = result.stdout.strip()
+        job_id = submit_job(env, path, *args)
         wait_for(lambda: len(scaler.pids()) >= 2, 30, "two workers")
         assert (2, 0) in scaler.decisions()  # both at once, from zero
         info = wait_state(env, job_id, {"completed", "failed"}, timeout=150)
@@ -107,9 +112,7 @@ def test_autoscale_zero_to_n_to_zero_crash_loop_and_sigterm(pg_db_url, redis_url
         # 4. a longer job; SIGTERM to the autoscaler while workers run it
         lines = [{"id": f"s{i}", "prompt": f"class C{i}:", "max_tokens": 48, "temperature": 0} for i in range(24)]
         path = write_requests(tmp_path / "long.jsonl", lines)
-        result = invoke(["submit", path, "--target", tiny_pair[0], "--batch-size", "2"], env)
-        assert result.exit_code == 0, result.output
-        job_id = result.stdout.strip()
+        job_id = submit_job(env, path, "--target", tiny_pair[0], "--batch-size", "2")
         wait_for(lambda: job_status(env, job_id)["completed"] > 0, 90, "the job under way")
         pids = [pid for pid in scaler.pids() if pid_alive(pid)]
         assert pids
@@ -121,11 +124,7 @@ def test_autoscale_zero_to_n_to_zero_crash_loop_and_sigterm(pg_db_url, redis_url
     assert not any(map(pid_alive, scaler.pids())), scaler.output()
     assert "all workers stopped" in scaler.output()
     with db.session() as session:
-        states = dict(
-            session.execute(
-                select(Request.state, func.count()).where(Request.job_id == job_id).group_by(Request.state)
-            ).all()
-        )
+        states = request_states(session, job_id)
         assert "running" not in states, states  # nothing left leased to a stopped worker
         assert set(session.scalars(select(Worker.state).where(Worker.pid.in_(pids)))) == {"stopped"}
         _, size, total = job_id, 8, 24

@@ -22,8 +22,8 @@ import redis
 from sqlalchemy import func, select
 
 from db.models import Job, Request, Result
-from tests.conftest import REDIS_TEST_URL, SpecqWorker, count_rows, invoke, services_env, write_requests
 from tests.fleet_helpers import wait_for
+from tests.services import REDIS_TEST_URL, SpecqWorker, count_rows, invoke, services_env, write_requests
 from worker.constants import CHUNK_QUEUE, PROCESS_CHUNK_TASK
 
 PASSWORD = "hunter2-s3cret"

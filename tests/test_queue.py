@@ -14,21 +14,22 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psycopg
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from cli.main import cli
 from db.models import Request, Result
 from db.session import open_database
-from tests.conftest import (
+from tests.services import (
     REDIS_TEST_URL,
     SpecqWorker,
     count_rows,
+    empty_database,
+    flushed_redis,
     invoke,
     job_status,
     reference_greedy,
+    request_states,
     services_env,
     wait_state,
     write_requests,
@@ -57,16 +58,8 @@ LINES = [PLAIN, CHAT, OPENAI_COMPLETION, TOO_LONG, SAMPLED, *GREEDY_MORE]
 @pytest.fixture(scope="module")
 def env(pg_url, tmp_path_factory):
     """This module's services, emptied once, and one worker serving them for every test."""
-    from db.session import open_database
-
-    open_database(pg_url)
-    with psycopg.connect(pg_url.replace("+psycopg", "")) as conn:
-        conn.execute("TRUNCATE results, batches, requests, workers, jobs RESTART IDENTITY CASCADE")
-    client = redis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        client.flushdb()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS_TEST_URL}: {exc}")
+    empty_database(pg_url)
+    client = flushed_redis(REDIS_TEST_URL)
     home = tmp_path_factory.mktemp("queue_home")
     environment = services_env(pg_url, REDIS_TEST_URL, home)
     worker = SpecqWorker(environment, home / "worker.log", metrics_port=METRICS_PORT).wait_ready()
@@ -212,11 +205,7 @@ def test_cancel_while_running(env, tiny_pair, tmp_path) -> None:
     deadline = time.monotonic() + 30
     while True:  # the worker sees the cancel at its next write and gives up the rest of its chunk
         with db.session() as session:
-            states = dict(
-                session.execute(
-                    select(Request.state, func.count()).where(Request.job_id == job_id).group_by(Request.state)
-                ).all()
-            )
+            states = request_states(session, job_id)
         if "running" not in states:
             break
         assert time.monotonic() < deadline, states

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import invoke, job_status, reference_greedy, services_env, write_requests
+from tests.services import invoke, job_status, reference_greedy, services_env, write_requests
 
 LINES = [
     {"id": "g1", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0},
@@ -54,7 +54,7 @@ def test_embedded_postgres_without_wait(pg_db_url, tiny_pair, tmp_path) -> None:
 
 def test_bad_file_stores_nothing_in_sqlite(tiny_pair, tmp_path, sqlite_url) -> None:
     from db.models import Job, Request
-    from tests.conftest import count_rows
+    from tests.services import count_rows
 
     path = write_requests(tmp_path / "bad.jsonl", [LINES[0], {"prompt": ""}, LINES[1]])
     result = invoke(["submit", path, "--target", tiny_pair[0], "--database-url", sqlite_url])

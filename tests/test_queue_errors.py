@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from db.models import Job, Request, Result
-from tests.conftest import count_rows, invoke, job_status, services_env, write_requests
+from tests.services import count_rows, invoke, job_status, services_env, submit_job, write_requests
 from worker.constants import CHUNK_QUEUE_KEY
 
 PLAIN = {"id": "p1", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
@@ -136,9 +136,7 @@ def test_unknown_job_and_usage_errors(env, tmp_path) -> None:
 def test_cancel_and_retry_on_the_store_and_queue(env, tiny_pair, tmp_path) -> None:
     lines = [{"prompt": f"def f{i}():", "max_tokens": 4} for i in range(10)]
     path = write_requests(tmp_path / "in.jsonl", lines)
-    result = invoke(["submit", path, "--target", tiny_pair[0], "--batch-size", "1"], env)
-    assert result.exit_code == 0, result.output
-    job_id = result.stdout.strip()
+    job_id = submit_job(env, path, "--target", tiny_pair[0], "--batch-size", "1")
     assert queued_tasks(env) == 3  # 10 requests in chunks of 4 (4 batches of 1)
     assert job_status(env, job_id)["state"] == "queued"
 

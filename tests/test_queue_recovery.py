@@ -11,20 +11,18 @@ from sqlalchemy import func, select
 
 from db.models import Request, Result
 from db.session import open_database
-from tests.conftest import invoke, reference_greedy, services_env, wait_state, write_requests
+from tests.fleet_helpers import DRILL_ENV
+from tests.services import invoke, reference_greedy, services_env, submit_job, wait_state, write_requests
 
 
 def test_worker_killed_mid_batch(pg_db_url, redis_url, start_worker, tiny_pair, tmp_path) -> None:
     # short leases and sweeps, so the dead worker's requests come back within seconds
-    env = services_env(
-        pg_db_url, redis_url, tmp_path / "home", SPECQ_HEARTBEAT_S="0.5", SPECQ_LEASE_S="3", SPECQ_SWEEP_S="1"
-    )
+    env = services_env(pg_db_url, redis_url, tmp_path / "home", **DRILL_ENV)
     workers = [start_worker(env), start_worker(env)]
     lines = [{"id": f"r{i}", "prompt": f"def f{i}(x):", "max_tokens": 60, "temperature": 0} for i in range(8)]
     path = write_requests(tmp_path / "in.jsonl", lines)
-    result = invoke(["submit", path, "--target", tiny_pair[0], "--draft", tiny_pair[1], "--batch-size", "2"], env)
-    assert result.exit_code == 0, result.output
-    job_id = result.stdout.strip()  # 8 requests: one chunk, so one worker has it all
+    args = ("--target", tiny_pair[0], "--draft", tiny_pair[1], "--batch-size", "2")
+    job_id = submit_job(env, path, *args)  # 8 requests: one chunk, so one worker has it all
 
     db = open_database(pg_db_url)
     deadline = time.monotonic() + 60

@@ -19,23 +19,26 @@ import json
 import signal
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 from sqlalchemy import func, select
 
 from db.models import Job, Request, Result
 from db.session import open_database
-from tests.conftest import (
+from tests.fleet_helpers import DRILL_ENV, restart_postgres, restart_redis, wait_for
+from tests.services import (
     REDIS_TEST_URL,
     SpecqWorker,
+    empty_database,
+    flushed_redis,
     invoke,
     job_status,
+    request_states,
     services_env,
+    submit_job,
     wait_state,
     write_requests,
 )
-from tests.fleet_helpers import DRILL_ENV, restart_postgres, restart_redis, wait_for
 
 PROMPTS = [f"def f{i}(x):" for i in range(64)]
 MAX_TOKENS = 32
@@ -44,14 +47,8 @@ MAX_TOKENS = 32
 @pytest.fixture(scope="module")
 def fleet(pg_url, tmp_path_factory):
     """This module's services, emptied once, and two workers with short timings."""
-    open_database(pg_url)
-    with psycopg.connect(pg_url.replace("+psycopg", "")) as conn:
-        conn.execute("TRUNCATE results, batches, requests, workers, jobs RESTART IDENTITY CASCADE")
-    client = redis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        client.flushdb()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS_TEST_URL}: {exc}")
+    empty_database(pg_url)
+    client = flushed_redis(REDIS_TEST_URL)
     home = tmp_path_factory.mktemp("recovery_home")
     env = services_env(pg_url, REDIS_TEST_URL, home, **DRILL_ENV)
     workers = [SpecqWorker(env, home / f"worker{i}.log") for i in range(2)]
@@ -92,9 +89,7 @@ def lines_for(name: str, count: int) -> list[dict]:
 
 def submit(env, tmp_path, lines, tiny_pair, *args: str) -> str:
     path = write_requests(tmp_path / "in.jsonl", lines)
-    result = invoke(["submit", path, "--target", tiny_pair[0], "--draft", tiny_pair[1], *args], env)
-    assert result.exit_code == 0, result.output
-    return result.stdout.strip()
+    return submit_job(env, path, "--target", tiny_pair[0], "--draft", tiny_pair[1], *args)
 
 
 def completed(env, job_id: str) -> int:
@@ -108,11 +103,7 @@ def check_exactly_once(env, job_id: str, lines: list[dict], reference: dict[str,
     db = open_database(env["SPECQ_DATABASE_URL"])
     with db.session() as session:
         results = session.scalar(select(func.count()).select_from(Result).join(Request).where(Request.job_id == job_id))
-        states = dict(
-            session.execute(
-                select(Request.state, func.count()).where(Request.job_id == job_id).group_by(Request.state)
-            ).all()
-        )
+        states = request_states(session, job_id)
         tokens = session.scalars(select(Result.completion_tokens).join(Request).where(Request.job_id == job_id)).all()
         assert session.get_one(Job, job_id).generated_tokens == sum(tokens)
     assert results == len(lines) and states == {"completed": len(lines)}

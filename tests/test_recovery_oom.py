@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from db.models import Batch
 from db.session import open_database
-from tests.conftest import invoke, write_requests
+from tests.services import invoke, write_requests
 from worker import faults
 from worker.chunk import is_out_of_memory
 

@@ -1,0 +1,180 @@
+"""Helpers for tests that talk to the real services and CLI.
+
+Real services: a throwaway PostgreSQL database per test session (see conftest's `pg_url`), Redis
+database 15, real `specq worker` subprocesses and `specq` commands run in-process. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("SPECQ_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_TEST_URL = os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+_TABLES = ("results", "batches", "requests", "workers", "jobs")
+
+# the training text of conftest's tiny_pair tokenizer
+TINY_CORPUS = (
+    "def add(a, b):\n    return a + b\n\n"
+    "def mul(a, b):\n    return a * b\n\n"
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "for i in range(10):\n    print(i, 'hello, world')\n"
+    "Speculative decoding drafts tokens with a small model and verifies them with a large one.\n"
+) * 4
+
+
+def empty_database(db_url):
+    """Migrate the database at `db_url` and empty every table of specq's."""
+    from sqlalchemy import text
+
+    from db.session import open_database
+
+    db = open_database(db_url)
+    with db.engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(_TABLES)} RESTART IDENTITY CASCADE"))
+
+
+def flushed_redis(url=REDIS_TEST_URL):
+    """A client of the Redis database at `url`, flushed; the test is skipped when no server answers."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=3)
+    try:
+        client.flushdb()
+    except redis.RedisError as exc:
+        pytest.skip(f"no Redis at {url}: {exc}")
+    return client
+
+
+def write_requests(path, lines):
+    """Write JSONL: dicts are JSON-encoded, strings written as they are."""
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+    return str(path)
+
+
+class SpecqWorker:
+    """A real `specq worker` subprocess, logging to a file."""
+
+    def __init__(self, env, log_path, device="cpu", metrics_port=None):
+        args = [sys.executable, "-c", "from cli.main import main; main()", "worker", "--device", device]
+        if metrics_port is not None:
+            args += ["--metrics-port", str(metrics_port)]
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def output(self):
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.output()}")
+            if " ready." in self.output():
+                return self
+            time.sleep(0.2)
+        raise RuntimeError(f"worker not ready after {timeout}s:\n{self.output()}")
+
+    def stop(self, sig=signal.SIGTERM, timeout=60.0):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def services_env(db_url, broker, home, **extra):
+    """The environment of a CLI call or worker process: these services, no other SPECQ_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+    env.update(SPECQ_DATABASE_URL=db_url, SPECQ_HOME=str(home), OMP_NUM_THREADS="1", **extra)
+    if broker:
+        env["SPECQ_BROKER_URL"] = broker
+    return env
+
+
+def invoke(args, env=None):
+    """`specq ARGS` in-process (click's CliRunner); stdout and stderr apart in .stdout / .stderr."""
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+
+    _register()
+    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+
+
+def submit_job(env, path, *args):
+    """`specq submit PATH ARGS`, which must succeed; the job id it prints."""
+    result = invoke(["submit", path, *args], env)
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+def count_rows(db_url, model):
+    from sqlalchemy import func, select
+
+    from db.session import open_database
+
+    with open_database(db_url).session() as session:
+        return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+def request_states(session, job_id):
+    """{state: how many of the job's requests are in it}."""
+    from sqlalchemy import func, select
+
+    from db.models import Request
+
+    query = select(Request.state, func.count()).where(Request.job_id == job_id).group_by(Request.state)
+    return dict(session.execute(query).all())
+
+
+def job_status(env, job_id):
+    result = invoke(["status", job_id, "--json"], env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def wait_state(env, job_id, states, timeout=90.0):
+    """Poll `specq status` until the job is in one of `states`; its status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = job_status(env, job_id)
+        if info["state"] in states:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {info['state']} after {timeout}s")
+        time.sleep(0.3)
+
+
+def reference_greedy(target_dir, lines):
+    """{id: token ids} of the greedy lines, from the engine run directly on the target alone, one
+    request at a time: what any batching, any draft and any worker must reproduce exactly."""
+    from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+    from models.loading import load_pair, tokenize_prompt
+
+    pair = load_pair(target_dir, None, "cpu", None)
+    engine = SpeculativeEngine(pair.target, pair.tokenizer, None, DecodingConfig(batch_size=1))
+    out = {}
+    for number, line in enumerate(lines, start=1):
+        body = line.get("body", line)
+        if body.get("temperature") != 0:
+            continue
+        ids = tokenize_prompt(pair.tokenizer, prompt=body.get("prompt"), messages=body.get("messages"))
+        params = SamplingParams(max_tokens=body["max_tokens"], temperature=0.0)
+        (result,) = engine.generate([GenerationRequest(0, tuple(ids), params)])
+        out[str(line.get("id") or line.get("custom_id") or number)] = result.token_ids
+    return out
