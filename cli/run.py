@@ -10,6 +10,7 @@ import click
 
 from cli.main import cli
 from cli.options import generation_options, input_limit_options, pop_generation_options, pop_input_limits, specq_errors
+from cli.progress import ProgressBar
 
 
 @cli.command("run")
@@ -48,7 +49,7 @@ def run(input_path: str, output_path: str | None, progress: bool | None, **optio
                 device=gen.device,
                 dtype=gen.dtype,
                 on_start=bar.start,
-                on_progress=bar.update,
+                on_progress=bar.progress_of,
                 limits=limits,
             )
         finally:
@@ -66,41 +67,17 @@ def run(input_path: str, output_path: str | None, progress: bool | None, **optio
         raise click.exceptions.Exit(1)
 
 
-class _RunProgress:
-    """done/total, tokens/s and acceptance rate on stderr (rich)."""
+class _RunProgress(ProgressBar):
+    """The bar fed by `run_file`: it knows the total once the input is counted, and tokens from the stats."""
 
     def __init__(self, show: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("[bold]run"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[rate]:>8.1f} tok/s"),
-            TextColumn("acceptance {task.fields[acceptance]:.2f}"),
-            console=Console(stderr=True),
-            disable=not show,
-        )
-        self.task = self.progress.add_task("run", total=None, rate=0.0, acceptance=0.0)
+        super().__init__("run", total=None, show=show)
         self.started = time.perf_counter()
-
-    def __enter__(self) -> _RunProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(None, None, None)
 
     def start(self, total: int) -> None:
         self.started = time.perf_counter()
-        self.progress.update(self.task, total=total)
+        self.set_total(total)
 
-    def update(self, done: int, stats: Any) -> None:
-        self.progress.update(
-            self.task,
-            completed=done,
-            rate=stats.num_generated_tokens / max(time.perf_counter() - self.started, 1e-9),
-            acceptance=stats.acceptance_rate,
-        )
+    def progress_of(self, done: int, stats: Any) -> None:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.update(done, stats.num_generated_tokens / elapsed, stats.acceptance_rate)

@@ -17,54 +17,17 @@ from cli.options import (
     pop_input_limits,
     specq_errors,
 )
+from cli.progress import ProgressBar
 
 
-class JobProgress:
-    """A rich progress bar on stderr: done/total, ETA, tokens/s, acceptance rate."""
-
-    def __init__(self, job_id: str, total: int, show: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[rate]:>8.1f} tok/s"),
-            TextColumn("acceptance {task.fields[acceptance]:.2f}"),
-            TextColumn("{task.fields[failed]}"),
-            console=Console(stderr=True),
-            disable=not show,
-            transient=False,
-        )
-        self.task = self.progress.add_task(f"job {job_id}", total=total, rate=0.0, acceptance=0.0, failed="")
-
-    def __enter__(self) -> JobProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(None, None, None)
-
-    def update(self, status: dict[str, Any]) -> None:
-        self.progress.update(
-            self.task,
-            completed=status["completed"] + status["failed"],
-            rate=status["tokens_per_second"],
-            acceptance=status["acceptance_rate"],
-            failed=f"{status['failed']} failed" if status["failed"] else "",
-        )
-
-    @staticmethod
-    def summary(status: dict[str, Any]) -> None:
-        click.echo(
-            f"job {status['id']} {status['state']}: {status['completed']} completed, {status['failed']} failed "
-            f"of {status['total']}; {status['generated_tokens']} tokens at {status['tokens_per_second']:.1f}/s, "
-            f"acceptance rate {status['acceptance_rate']:.3f}, "
-            f"mean acceptance length {status['mean_acceptance_length']:.2f}",
-            err=True,
-        )
+def _summary(status: dict[str, Any]) -> None:
+    click.echo(
+        f"job {status['id']} {status['state']}: {status['completed']} completed, {status['failed']} failed "
+        f"of {status['total']}; {status['generated_tokens']} tokens at {status['tokens_per_second']:.1f}/s, "
+        f"acceptance rate {status['acceptance_rate']:.3f}, "
+        f"mean acceptance length {status['mean_acceptance_length']:.2f}",
+        err=True,
+    )
 
 
 @cli.command("submit")
@@ -143,13 +106,18 @@ def submit(
     if worker is None and not live_workers(submitted.db):
         click.echo("no live workers yet: start one with `specq worker`", err=True)
 
-    progress = JobProgress(submitted.job_id, submitted.total, show=wait)
+    progress = ProgressBar(f"job {submitted.job_id}", submitted.total, show=wait)
+
+    def show(status: dict[str, Any]) -> None:
+        done = status["completed"] + status["failed"]
+        progress.update(done, status["tokens_per_second"], status["acceptance_rate"], status["failed"])
+
     try:
         with specq_errors(), progress:
             status = wait_for_job(
                 submitted.db,
                 submitted.job_id,
-                progress.update,
+                show,
                 give_up=lambda: worker is not None and not worker.is_alive(),
             )
     except KeyboardInterrupt:
@@ -159,6 +127,6 @@ def submit(
         raise SystemExit(130) from None
     if failure:
         raise click.ClickException(f"job {submitted.job_id} stopped: {failure[0]}")
-    progress.summary(status)
+    _summary(status)
     if wait and status["state"] != "completed":
         raise click.ClickException(f"job {submitted.job_id} {status['state']}")

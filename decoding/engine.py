@@ -126,7 +126,12 @@ class SpeculativeEngine:
     """
 
     def __init__(
-        self, target, tokenizer, draft=None, config: DecodingConfig | None = None, policy: SpeculationPolicy | None = None
+        self,
+        target,
+        tokenizer,
+        draft=None,
+        config: DecodingConfig | None = None,
+        policy: SpeculationPolicy | None = None,
     ) -> None:
         """`policy`: pass the one a previous engine on the same models and device used, so its measured
         step times and acceptance carry over (a worker builds an engine per batch)."""

@@ -96,7 +96,11 @@ class SpeculationPolicy:
         measured = {w: t.value for w, t in targets.items() if t.value is not None}
         if not measured:
             return None
-        return (_value(_nearest(self.t_overhead, rows)) or 0.0) + k * (_value(draft) or 0.0) + _interpolate(measured, k + 1)
+        return (
+            (_value(_nearest(self.t_overhead, rows)) or 0.0)
+            + k * (_value(draft) or 0.0)
+            + _interpolate(measured, k + 1)
+        )
 
     def choose(self, rows: int, limit: int) -> int:
         """The k for the next step of a batch of `rows`; `limit` caps it (context, tokens left)."""

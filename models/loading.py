@@ -72,9 +72,13 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None) -> PreTrainedModel:
     """A causal LM in eval mode on `device`, with SDPA attention; ModelLoadError if it cannot be loaded."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     torch_dtype = resolve_dtype(dtype, device)
     logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
+    # transformers' own per-tensor bar would interleave with specq's progress bar on stderr
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         # transformers 5 takes `dtype=`; `torch_dtype=` is deprecated there.
         # Any: mypy cannot follow the decorator transformers wraps `to` in.
@@ -82,6 +86,9 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None)
         model = model.to(device)
     except Exception as exc:
         raise ModelLoadError(f"cannot load the model {name_or_path!r} ({_reason(exc)})") from exc
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
     return model.eval()
 
 
