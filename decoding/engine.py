@@ -94,6 +94,17 @@ class _Batch:
         return np.array([i for i, slot in enumerate(self.slots) if slot is not None], dtype=np.int64)
 
 
+@dataclass
+class _StepReport:
+    """What the host learns from one step, [rows] each (output_ids [rows, k + 1])."""
+
+    kept: np.ndarray  # tokens that stay in the completion (up to EOS or max_tokens)
+    finish: np.ndarray  # RUNNING, FINISHED_STOP (EOS) or FINISHED_LENGTH
+    accepted: np.ndarray  # draft tokens accepted
+    drafted: np.ndarray  # draft tokens offered
+    output_ids: np.ndarray  # the step's accepted tokens and recovered or bonus token, then padding
+
+
 class _Stopwatch:
     """Phase times without a host sync: CUDA events on a GPU, wall clock on a CPU (already synchronous)."""
 
@@ -144,7 +155,7 @@ class SpeculativeEngine:
         self.vocab_size = max(_vocab_size(m) for m in (target, draft) if m is not None)
         self.max_context = min(_max_context(m) for m in (target, draft) if m is not None)
         self.eos_token_ids = _eos_token_ids(target, tokenizer)
-        self._eos = torch.tensor(sorted(self.eos_token_ids) or [-1], device=self.device)
+        self._eos_h = np.array(sorted(self.eos_token_ids) or [-1])
         self._start_token_id = _start_token_id(tokenizer)
         if policy is not None and (policy.max_k, policy.fixed) != (self.max_k, self.config.fixed_k):
             raise ValueError("the policy was made for another K or mode")
@@ -448,23 +459,15 @@ class SpeculativeEngine:
 
     def _advance(
         self, batch: _Batch, output_token_ids: torch.Tensor, num_accepted: torch.Tensor, num_draft: torch.Tensor, k: int
-    ) -> np.ndarray:
+    ) -> _StepReport:
         """Append each row's output, roll both caches back per row, and find rows that ended.
 
-        Returns the host copy of [rows, 5 + k + 1]: emitted, kept, finish code, accepted, draft tokens, output ids.
+        The device only appends and moves lengths; where a row ends (EOS, max_tokens) is worked out
+        on the host copy of the step's few numbers, where small array operations cost far less.
         """
         width = k + 1
         positions = torch.arange(width, device=self.device)
         emitted = (num_accepted + 1) * batch.active  # [rows]
-        valid = positions < emitted.unsqueeze(1)  # [rows, k + 1]
-        is_eos = torch.isin(output_token_ids, self._eos) & valid
-        has_eos = is_eos.any(-1)
-        first_eos = is_eos.to(torch.int64).argmax(-1)  # [rows], 0 where there is none
-        room = batch.max_tokens - (batch.seq_lens - batch.prompt_lens)  # [rows] tokens still allowed
-        ends_on_eos = has_eos & (first_eos < room)
-        kept = torch.where(ends_on_eos, first_eos, torch.minimum(emitted, room))
-        finish = torch.where(ends_on_eos, FINISHED_STOP, torch.where(kept >= room, FINISHED_LENGTH, RUNNING))
-        finish = finish * batch.active
         if self.config.strict:
             assert int((batch.seq_lens + width).max()) <= batch.capacity
         batch.token_ids.scatter_(1, batch.seq_lens.unsqueeze(1) + positions, output_token_ids)
@@ -472,20 +475,23 @@ class SpeculativeEngine:
         # The target cache now holds seq_len_old + k tokens and should hold seq_len_new - 1: that is the
         # per-row rollback, implied by seq_lens. The draft saw at most seq_len_old + k - 1.
         batch.draft_lens = torch.minimum(batch.draft_lens, batch.seq_lens - 1)
-        report = (
-            torch.cat(
-                [torch.stack([emitted, kept, finish, num_accepted * batch.active, num_draft], dim=1), output_token_ids],
-                dim=1,
-            )
-            .cpu()
-            .numpy()
-        )
-        batch.seq_h = batch.seq_h + report[:, 0]
+        counts = torch.stack([emitted, num_accepted * batch.active, num_draft], dim=1)  # [rows, 3]
+        host = torch.cat([counts, output_token_ids], dim=1).cpu().numpy()  # the one host sync
+        emitted_h, output_h = host[:, 0], host[:, 3:]
+        room = batch.max_tokens_h - (batch.seq_h - batch.prompt_h)  # [rows] tokens each row may still add
+        # [rows, k + 1]; a comparison, not np.isin (~100 us here): there are one or two EOS ids
+        is_eos = (output_h[:, :, None] == self._eos_h).any(-1) & (np.arange(width) < emitted_h[:, None])
+        first_eos = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), width)  # [rows], width: none
+        ends_on_eos = first_eos < np.minimum(emitted_h, room)
+        kept = np.where(ends_on_eos, first_eos, np.minimum(emitted_h, room))
+        finish = np.where(ends_on_eos, FINISHED_STOP, np.where(kept >= room, FINISHED_LENGTH, RUNNING))
+        finish[emitted_h == 0] = RUNNING  # inactive rows
+        batch.seq_h = batch.seq_h + emitted_h
         batch.draft_h = np.minimum(batch.draft_h, batch.seq_h - 1)
-        return report
+        return _StepReport(kept=kept, finish=finish, accepted=host[:, 1], drafted=host[:, 2], output_ids=output_h)
 
-    def _finish(self, batch: _Batch, live: np.ndarray, k: int, report: np.ndarray) -> Iterator[GenerationResult]:
-        kept, finish, accepted, drafted = report[:, 1], report[:, 2], report[:, 3], report[:, 4]
+    def _finish(self, batch: _Batch, live: np.ndarray, k: int, report: _StepReport) -> Iterator[GenerationResult]:
+        kept, finish, accepted, drafted = report.kept, report.finish, report.accepted, report.drafted
         batch.generated_h[live] += kept[live]
         batch.draft_tokens_h[live] += drafted[live]
         batch.accepted_h[live] += accepted[live]
@@ -503,7 +509,7 @@ class SpeculativeEngine:
             slot = batch.slots[row]
             assert slot is not None
             if slot.stops is not None:
-                tokens = report[row, 5 : 5 + kept[row]].tolist()
+                tokens = report.output_ids[row, : kept[row]].tolist()
                 cut = slot.stops.feed(tokens)
                 if cut is not None:
                     finished[int(row)] = ("stop", cut)
