@@ -3,10 +3,12 @@
 
     python bench/load_run.py load   [--requests 20000] [--workers 2]   # throughput, queue overhead
     python bench/load_run.py drills [--requests 3000] [--fast]         # kill -9, Redis and PostgreSQL restarts
+    python bench/load_run.py submit [--requests 1000000]              # submit lines/s and peak memory
+    python bench/load_run.py warm   [--requests 256]                  # a warmed worker against `specq run`
 
 Each run gets a throwaway PostgreSQL database (created on `--pg-admin-url`, dropped at the end) and
 Redis database `--redis-db` (flushed before and after), real `specq worker` processes on the CPU, and
-greedy requests of 2 to 4 tokens on the tiny model pair of the tests (tests/conftest.py `tiny_pair`,
+greedy requests of 2 to 4 tokens on the tiny model pair of the tests (tests/tiny_models.py `save_tiny_pair`,
 built here in seconds) or `--models demo` (the demo pair, `specq demo-models`). It prints a Markdown
 section on stdout; progress goes to stderr.
 
@@ -49,44 +51,15 @@ def say(message: str) -> None:
 
 
 # -- models --------------------------------------------------------------------------------------------
-def tiny_pair(root: Path) -> tuple[str, str]:
-    """The tests' tiny pair (tests/conftest.py `tiny_pair`): a byte-level BPE tokenizer of 320 tokens and
-    two random 2-layer Llamas, the draft a noisy copy of the target."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from tests.conftest import _TINY_CORPUS
-    from tests.tiny_models import noisy_copy, tiny_llama
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([_TINY_CORPUS], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<s>")
-    target = tiny_llama(vocab=len(tokenizer), layers=2, hidden=64, seed=0, max_positions=256)
-    draft = noisy_copy(target, scale=0.02, seed=1)
-    dirs = []
-    for name, model in (("target", target), ("draft", draft)):
-        model.to(torch.float32).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-        dirs.append(str(root / name))
-    return dirs[0], dirs[1]
-
-
 def model_pair(kind: str, root: Path) -> tuple[str, str]:
     if kind == "demo":
         from models.demo import build_demo_models
 
         demo = build_demo_models()
         return str(demo.target_dir), str(demo.draft_dir)
-    return tiny_pair(root)
+    from tests.tiny_models import save_tiny_pair
+
+    return save_tiny_pair(root)
 
 
 # -- services ------------------------------------------------------------------------------------------
@@ -383,6 +356,138 @@ thread each; greedy requests of 2 to 4 tokens, batch size {args.batch_size}, chu
     )
 
 
+# -- submit throughput ---------------------------------------------------------------------------------
+def timed_submit(env: dict[str, str], path: Path, target: str, draft: str) -> tuple[float, int]:
+    """Wall seconds and peak resident memory (KiB) of one `specq submit` process."""
+    probe = (
+        "import resource, subprocess, sys, time; t = time.monotonic(); "
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(time.monotonic() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    args = [*SPECQ, "submit", str(path), "--target", target, "--draft", draft]
+    done = subprocess.run([sys.executable, "-c", probe, *args], env=env, capture_output=True, text=True, check=True)
+    seconds, peak_kib = done.stdout.split()
+    return float(seconds), int(peak_kib)
+
+
+def submit_rate(args: argparse.Namespace) -> None:
+    """`specq submit` into PostgreSQL + Redis with no worker running: lines/s and peak memory at two sizes."""
+    work = Path(tempfile.mkdtemp(prefix="specq_submit_"))
+    services = Services(args.pg_admin_url, args.redis_url)
+    target, draft = model_pair(args.models, work)
+    sizes = sorted({1, max(args.requests // 5, 1), args.requests})
+    rows = []
+    try:
+        for size in sizes:
+            path = work / f"in{size}.jsonl"
+            write_input(path, size)
+            services.create()
+            seconds, peak_kib = timed_submit(services.env(work / "home"), path, target, draft)
+            rows.append((size, seconds, peak_kib))
+            say(f"{size} lines: {seconds:.2f} s, peak {peak_kib / 1024:.0f} MiB")
+            path.unlink()
+    finally:
+        services.drop()
+        shutil.rmtree(work, ignore_errors=True)
+    startup = rows[0][1]
+    lines = [
+        f"| {size:,} | {seconds:.2f} s | {size / seconds:,.0f} | {size / max(seconds - startup, 1e-9):,.0f} | "
+        f"{peak / 1024:.0f} MiB |"
+        for size, seconds, peak in rows[1:]
+    ]
+    print(
+        f"""
+## Submit throughput
+
+`python bench/load_run.py submit --requests {args.requests}` ({time.strftime("%Y-%m-%d %H:%M")}; {os.cpu_count()}
+CPU cores, load average {os.getloadavg()[0]:.1f} at the end; PostgreSQL and Redis on the same machine; no
+worker running). One `specq submit` process per file: validate every line, store (COPY), enqueue the
+chunks. A one-line file takes {startup:.2f} s (interpreter, imports, the model check): "after start-up"
+subtracts that.
+
+| lines | wall | lines/s | lines/s after start-up | peak memory |
+| ---: | ---: | ---: | ---: | ---: |
+"""
+        + "\n".join(lines)
+    )
+
+
+# -- a warmed worker against `specq run` ---------------------------------------------------------------
+def warm(args: argparse.Namespace) -> None:
+    """One job through one warmed `specq worker` (models loaded, one small job done) against `specq run` on
+    the same file, same models, batch size and threads: the queue path's whole cost for a user."""
+    from models.demo import heldout_prompts
+
+    work = Path(tempfile.mkdtemp(prefix="specq_warm_"))
+    services = Services(args.pg_admin_url, args.redis_url)
+    target, draft = model_pair(args.models, work)
+    prompts = heldout_prompts(args.requests)
+    path = work / "in.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i, prompt in enumerate(prompts):
+            f.write(json.dumps({"id": f"q{i}", "prompt": prompt, "max_tokens": 64, "temperature": 0}) + "\n")
+    warmup = work / "warmup.jsonl"
+    warmup.write_text("".join(path.read_text().splitlines(keepends=True)[: args.batch_size]))
+    threads = str(args.threads)
+    services.create()
+    try:
+        env = services.env(work / "home", OMP_NUM_THREADS=threads)
+        with workers(env, 1, work):
+            job_id, _ = submit(env, warmup, target, draft, args.batch_size)
+            wait_done(services.db_url, job_id, args.timeout)
+            say(f"worker warm; submitting {args.requests} requests")
+            began = time.monotonic()
+            job_id, submit_s = submit(env, path, target, draft, args.batch_size)
+            wait_done(services.db_url, job_id, args.timeout)
+            queue_s = time.monotonic() - began
+            found = counts(services.db_url, job_id)
+        say("the same file through `specq run`")
+        began = time.monotonic()
+        subprocess.run(
+            [
+                *SPECQ,
+                "run",
+                str(path),
+                "-o",
+                str(work / "run.jsonl"),
+                "--target",
+                target,
+                "--draft",
+                draft,
+                "--batch-size",
+                str(args.batch_size),
+            ],
+            env={**env, "SPECQ_DATABASE_URL": "", "SPECQ_BROKER_URL": ""},
+            check=True,
+            capture_output=True,
+        )
+        run_s = time.monotonic() - began
+    finally:
+        services.drop()
+        shutil.rmtree(work, ignore_errors=True)
+    outcome = (
+        f"submit {submit_s:.1f} s; {found['completed']} completed, {found['failed']} failed, "
+        f"lost {found['lost']}, duplicated {found['duplicated']}"
+    )
+    print(
+        f"""
+## A warmed worker against `specq run`
+
+`python bench/load_run.py warm --requests {args.requests} --models {args.models}` ({time.strftime("%Y-%m-%d %H:%M")};
+{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the end; {args.requests} greedy held-out code
+prompts, max_tokens 64, batch size {args.batch_size}, {threads} torch threads in both). The worker had loaded
+the models and finished an {args.batch_size}-request job before; the queue time runs from the start of
+`specq submit` to the job's end as PostgreSQL records it; `specq run` includes loading the models.
+
+| | seconds | |
+| --- | ---: | --- |
+| `specq submit` + one warmed worker | {queue_s:.1f} | {outcome} |
+| `specq run` | {run_s:.1f} | |
+| queue / run | {queue_s / run_s:.2f}x | target: at most 1.25x |
+"""
+    )
+
+
 # -- the drills ----------------------------------------------------------------------------------------
 @dataclass
 class Drill:
@@ -566,11 +671,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=("load", "drills"))
+    parser.add_argument("what", choices=("load", "drills", "submit", "warm"))
     parser.add_argument("--requests", type=int, help="requests in the job (load: 20000, drills: 3000)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--models", choices=("tiny", "demo"), default="tiny")
+    parser.add_argument("--batch-size", type=int, help="engine batch size (load, drills: 32; warm: 8)")
+    parser.add_argument("--threads", type=int, default=2, help="warm: torch threads of the worker and of specq run")
+    parser.add_argument("--models", choices=("tiny", "demo"), help="model pair (warm: demo; else tiny)")
     parser.add_argument("--fast", action="store_true", help="drills: 3 s leases instead of the defaults")
     parser.add_argument("--only", default="kill,redis,postgres", help="drills: which ones, comma-separated")
     parser.add_argument("--timeout", type=float, default=1800.0)
@@ -579,11 +685,15 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     args = parser.parse_args()
     if args.requests is None:
-        args.requests = 20000 if args.what == "load" else 3000
+        args.requests = {"load": 20000, "drills": 3000, "submit": 1_000_000, "warm": 256}[args.what]
+    if args.models is None:
+        args.models = "demo" if args.what == "warm" else "tiny"
+    if args.batch_size is None:
+        args.batch_size = 8 if args.what == "warm" else 32
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
     os.chdir(root)
-    (load if args.what == "load" else drills)(args)
+    {"load": load, "drills": drills, "submit": submit_rate, "warm": warm}[args.what](args)
 
 
 if __name__ == "__main__":

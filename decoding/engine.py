@@ -67,7 +67,7 @@ class _Batch:
     draft_lens: torch.Tensor  # [rows] int64
     prompt_lens: torch.Tensor  # [rows] int64
     max_tokens: torch.Tensor  # [rows] int64
-    active: torch.Tensor  # [rows] bool: False for a finished row that waits to be reused or dropped
+    active: torch.Tensor  # [rows] int64 1, or 0 for a finished row that waits to be reused or dropped
     target_cache: RaggedKVCache
     draft_cache: RaggedKVCache | None
     sampling: SamplingTensors
@@ -156,6 +156,7 @@ class SpeculativeEngine:
         self.max_context = min(_max_context(m) for m in (target, draft) if m is not None)
         self.eos_token_ids = _eos_token_ids(target, tokenizer)
         self._eos_h = np.array(sorted(self.eos_token_ids) or [-1])
+        self._aranges = torch.arange(1024, device=self.device)
         self._start_token_id = _start_token_id(tokenizer)
         if policy is not None and (policy.max_k, policy.fixed) != (self.max_k, self.config.fixed_k):
             raise ValueError("the policy was made for another K or mode")
@@ -258,7 +259,7 @@ class SpeculativeEngine:
             draft_lens=zeros.clone(),
             prompt_lens=zeros.clone(),
             max_tokens=zeros.clone() + 1,
-            active=torch.zeros(rows, dtype=torch.bool, device=self.device),
+            active=zeros.clone(),
             target_cache=RaggedKVCache(_num_layers(self.target), rows, capacity),
             draft_cache=None if self.draft is None else RaggedKVCache(_num_layers(self.draft), rows, capacity),
             sampling=SamplingTensors.build([0.0] * rows, [1.0] * rows, [0] * rows, [0] * rows, self.device),
@@ -292,7 +293,7 @@ class SpeculativeEngine:
         batch.token_ids[:kept, :width] = token_ids[:, :width]
         batch.seq_lens, batch.draft_lens = rowwise(batch.seq_lens, 1), rowwise(batch.draft_lens, 0)
         batch.prompt_lens, batch.max_tokens = rowwise(batch.prompt_lens, 0), rowwise(batch.max_tokens, 1)
-        batch.active = rowwise(batch.active, False)
+        batch.active = rowwise(batch.active, 0)
         for cache in (batch.target_cache, batch.draft_cache):
             if cache is not None:
                 cache.resize(rows, capacity, keep_t)
@@ -342,7 +343,7 @@ class SpeculativeEngine:
         batch.seq_lens[rows_t] = lengths
         batch.prompt_lens[rows_t] = lengths
         batch.max_tokens[rows_t] = torch.tensor([r.params.max_tokens for r in requests], device=self.device)
-        batch.active[rows_t] = True
+        batch.active[rows_t] = 1
         rows_np = np.array(rows)
         batch.seq_h[rows_np] = batch.prompt_h[rows_np] = [len(p) for p in prompts]
         batch.max_tokens_h[rows_np] = [r.params.max_tokens for r in requests]
@@ -370,18 +371,22 @@ class SpeculativeEngine:
         # A row takes at most one draft token fewer than it still wants, and none past the context.
         row_limits = np.minimum(batch.max_tokens_h - batch.generated_h - 1, self.max_context - batch.seq_h)
         k = self.policy.choose(batch.rows, int(row_limits[live].max()))
+        num_draft_h = np.zeros(batch.rows, np.int64)  # [rows] draft tokens each row may accept
+        if k:
+            num_draft_h[live] = np.minimum(row_limits[live], k)  # live rows' limits are >= 0
+        # uploaded before any work of the step is queued, so the copy waits for nothing
+        num_draft = torch.from_numpy(num_draft_h).to(self.device) if k else None
         watch = _Stopwatch(self.device)
         draft_token_ids, draft_probs = self._propose(batch, k) if k else (None, None)
         watch.mark()
         target_logits = self._verify(batch, draft_token_ids)
         watch.mark()
-        room = batch.max_tokens - (batch.seq_lens - batch.prompt_lens)  # [rows] tokens still allowed
-        num_draft = torch.minimum(room - 1, self.max_context - batch.seq_lens).clamp_(0, k) * batch.active  # [rows]
         output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits, num_draft)
-        report = self._advance(batch, output_token_ids, num_accepted, num_draft, k)  # the one host sync
+        report = self._advance(batch, live, output_token_ids, num_accepted, num_draft_h)  # the one host sync
         watch.mark()
         t_draft, t_target, t_rest = watch.seconds()
-        self.policy.observe_step(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
+        if self.max_k:
+            self.policy.observe_step(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
         self._record(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
         yield from self._finish(batch, live, k, report)
 
@@ -393,7 +398,7 @@ class SpeculativeEngine:
         # that accepted everything, or more after steps without speculation).
         unseen = batch.seq_lens - batch.draft_lens  # [rows] >= 1
         width = int((batch.seq_h - batch.draft_h).max())
-        columns = batch.draft_lens[:, None] + torch.arange(width, device=self.device)  # [rows, width]
+        columns = batch.draft_lens[:, None] + self._arange(width)  # [rows, width]
         columns = columns.clamp_(max=batch.capacity - 1)
         kv_length = min(int((batch.draft_h + width).max()), batch.capacity)
         logits = self._forward(self.draft, batch.draft_cache, batch.token_ids.gather(1, columns), columns, kv_length)
@@ -421,10 +426,11 @@ class SpeculativeEngine:
 
     def _verify(self, batch: _Batch, draft_token_ids: torch.Tensor | None) -> torch.Tensor:
         """Target logits for the last token and every draft token: [rows, k + 1, V], one forward pass."""
-        last = batch.token_ids.gather(1, (batch.seq_lens - 1).unsqueeze(1))  # [rows, 1]
+        last_column = (batch.seq_lens - 1).unsqueeze(1)  # [rows, 1]
+        last = batch.token_ids.gather(1, last_column)  # [rows, 1]
         inputs = last if draft_token_ids is None else torch.cat([last, draft_token_ids], dim=1)  # [rows, k + 1]
         width = inputs.shape[1]
-        columns = (batch.seq_lens - 1).unsqueeze(1) + torch.arange(width, device=self.device)  # [rows, k + 1]
+        columns = last_column + self._arange(width)  # [rows, k + 1]
         kv_length = int(batch.seq_h.max()) - 1 + width
         return self._forward(self.target, batch.target_cache, inputs, columns, kv_length)
 
@@ -434,75 +440,91 @@ class SpeculativeEngine:
         draft_token_ids: torch.Tensor | None,
         draft_probs: torch.Tensor | None,
         target_logits: torch.Tensor,
-        num_draft: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output token ids [rows, k + 1] (row b's output is its first num_accepted[b] + 1) and num_accepted [rows]."""
+        num_draft: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Output token ids [rows, k + 1] (row b's output is its first num_accepted[b] + 1) and num_accepted
+        [rows] (None without draft tokens: every row then emits one token)."""
         sampling = batch.sampling
         if sampling.all_greedy:
             target_argmax = target_logits.argmax(dim=-1)  # [rows, k + 1]
             if draft_token_ids is None:
-                return target_argmax, torch.zeros_like(batch.seq_lens)
+                return target_argmax, None
+            assert num_draft is not None
             return greedy_accept(draft_token_ids, target_argmax, num_draft)
         width = target_logits.shape[1]
-        positions = batch.seq_lens.unsqueeze(1) + torch.arange(width, device=self.device)  # [rows, k + 1]
+        positions = batch.seq_lens.unsqueeze(1) + self._arange(width)  # [rows, k + 1]
         target_probs = logits_to_probs(target_logits, sampling)  # [rows, k + 1, V]
         target_uniforms = counter_uniforms(sampling.seeds, positions, Stream.TARGET)
         if self.config.strict:
             _check_probs(target_probs)
         if draft_token_ids is None:
-            return sample_from_probs(target_probs, target_uniforms), torch.zeros_like(batch.seq_lens)
-        assert draft_probs is not None
+            return sample_from_probs(target_probs, target_uniforms), None
+        assert draft_probs is not None and num_draft is not None
         if self.config.strict:
             _check_probs(draft_probs)
         accept_uniforms = counter_uniforms(sampling.seeds, positions[:, :-1], Stream.ACCEPT)
         return rejection_sample(draft_token_ids, draft_probs, target_probs, accept_uniforms, target_uniforms, num_draft)
 
     def _advance(
-        self, batch: _Batch, output_token_ids: torch.Tensor, num_accepted: torch.Tensor, num_draft: torch.Tensor, k: int
+        self,
+        batch: _Batch,
+        live: np.ndarray,
+        output_token_ids: torch.Tensor,
+        num_accepted: torch.Tensor | None,
+        num_draft_h: np.ndarray,
     ) -> _StepReport:
         """Append each row's output, roll both caches back per row, and find rows that ended.
 
         The device only appends and moves lengths; where a row ends (EOS, max_tokens) is worked out
         on the host copy of the step's few numbers, where small array operations cost far less.
         """
-        width = k + 1
-        positions = torch.arange(width, device=self.device)
-        emitted = (num_accepted + 1) * batch.active  # [rows]
+        width = output_token_ids.shape[1]
+        emitted = batch.active if num_accepted is None else (num_accepted + 1) * batch.active  # [rows]
         if self.config.strict:
             assert int((batch.seq_lens + width).max()) <= batch.capacity
-        batch.token_ids.scatter_(1, batch.seq_lens.unsqueeze(1) + positions, output_token_ids)
+        batch.token_ids.scatter_(1, batch.seq_lens.unsqueeze(1) + self._arange(width), output_token_ids)
         batch.seq_lens = batch.seq_lens + emitted
-        # The target cache now holds seq_len_old + k tokens and should hold seq_len_new - 1: that is the
-        # per-row rollback, implied by seq_lens. The draft saw at most seq_len_old + k - 1.
-        batch.draft_lens = torch.minimum(batch.draft_lens, batch.seq_lens - 1)
-        counts = torch.stack([emitted, num_accepted * batch.active, num_draft], dim=1)  # [rows, 3]
-        host = torch.cat([counts, output_token_ids], dim=1).cpu().numpy()  # the one host sync
-        emitted_h, output_h = host[:, 0], host[:, 3:]
+        if self.draft is not None:
+            # The target cache now holds seq_len_old + k tokens and should hold seq_len_new - 1: that is the
+            # per-row rollback, implied by seq_lens. The draft saw at most seq_len_old + k - 1.
+            batch.draft_lens = torch.minimum(batch.draft_lens, batch.seq_lens - 1)
+        # the one host sync: [rows, k + 1] output ids (and [rows] accepted counts)
+        if num_accepted is None:
+            output_h, accepted_h = output_token_ids.cpu().numpy(), np.zeros(batch.rows, np.int64)
+        else:
+            host = torch.cat([num_accepted.unsqueeze(1), output_token_ids], dim=1).cpu().numpy()
+            output_h, accepted_h = host[:, 1:], host[:, 0]
+        active_h = np.zeros(batch.rows, np.int64)
+        active_h[live] = 1
+        accepted_h = accepted_h * active_h
+        emitted_h = (accepted_h + 1) * active_h
         room = batch.max_tokens_h - (batch.seq_h - batch.prompt_h)  # [rows] tokens each row may still add
-        # [rows, k + 1]; a comparison, not np.isin (~100 us here): there are one or two EOS ids
-        is_eos = (output_h[:, :, None] == self._eos_h).any(-1) & (np.arange(width) < emitted_h[:, None])
+        is_eos = output_h == self._eos_h[0]  # [rows, k + 1]; one comparison per EOS id (np.isin: ~100 us)
+        for eos in self._eos_h[1:]:
+            is_eos |= output_h == eos
+        is_eos &= np.arange(width) < emitted_h[:, None]
         first_eos = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), width)  # [rows], width: none
         ends_on_eos = first_eos < np.minimum(emitted_h, room)
-        kept = np.where(ends_on_eos, first_eos, np.minimum(emitted_h, room))
-        finish = np.where(ends_on_eos, FINISHED_STOP, np.where(kept >= room, FINISHED_LENGTH, RUNNING))
-        finish[emitted_h == 0] = RUNNING  # inactive rows
+        kept = np.where(ends_on_eos, first_eos, np.minimum(emitted_h, room)) * active_h
+        finish = np.where(ends_on_eos, FINISHED_STOP, np.where(kept >= room, FINISHED_LENGTH, RUNNING)) * active_h
         batch.seq_h = batch.seq_h + emitted_h
         batch.draft_h = np.minimum(batch.draft_h, batch.seq_h - 1)
-        return _StepReport(kept=kept, finish=finish, accepted=host[:, 1], drafted=host[:, 2], output_ids=output_h)
+        return _StepReport(kept=kept, finish=finish, accepted=accepted_h, drafted=num_draft_h, output_ids=output_h)
 
     def _finish(self, batch: _Batch, live: np.ndarray, k: int, report: _StepReport) -> Iterator[GenerationResult]:
         kept, finish, accepted, drafted = report.kept, report.finish, report.accepted, report.drafted
-        batch.generated_h[live] += kept[live]
-        batch.draft_tokens_h[live] += drafted[live]
-        batch.accepted_h[live] += accepted[live]
-        self.policy.observe_acceptance(accepted[live], drafted[live])
+        batch.generated_h += kept  # finished rows keep 0
         self.stats.num_steps += 1
         if k:
-            self.stats.num_drafts += int((drafted[live] > 0).sum())
-            self.stats.num_draft_tokens += int(drafted[live].sum())
-            self.stats.num_accepted_tokens += int(accepted[live].sum())
+            accepted, drafted = accepted[live], drafted[live]
+            batch.draft_tokens_h[live] += drafted
+            batch.accepted_h[live] += accepted
+            self.policy.observe_acceptance(accepted, drafted)
+            self.stats.num_drafts += int((drafted > 0).sum())
+            self.stats.num_draft_tokens += int(drafted.sum())
+            self.stats.num_accepted_tokens += int(accepted.sum())
             for i in range(k):
-                self.stats.accepted_per_position[i] += int((accepted[live] > i).sum())
+                self.stats.accepted_per_position[i] += int((accepted > i).sum())
         finished: dict[int, tuple[str, list[int] | None]] = {}
         # Only rows that ended or watch for stop strings need the host; the rest stay vectorised.
         for row in live[(finish[live] != RUNNING) | batch.has_stops_h[live]]:
@@ -543,7 +565,7 @@ class SpeculativeEngine:
             )
             batch.slots[row] = None
         dead = torch.tensor(rows, device=self.device)
-        batch.active[dead] = False
+        batch.active[dead] = 0
         # A finished row idles at length 1 until it is reused or dropped: cheap, and never NaN.
         batch.seq_lens[dead], batch.draft_lens[dead] = 1, 0
         batch.seq_h[rows], batch.draft_h[rows] = 1, 0
@@ -561,13 +583,13 @@ class SpeculativeEngine:
         self, model, cache: RaggedKVCache, input_ids: torch.Tensor, columns: torch.Tensor, logits: bool = True
     ) -> torch.Tensor:
         kv_length = cache.plan.kv_length
-        allowed = torch.arange(kv_length, device=self.device) <= columns.unsqueeze(-1)  # [rows, T, kv_length]
+        allowed = self._arange(kv_length) <= columns.unsqueeze(-1)  # [rows, T, kv_length]
         mask = _attention_mask(model, allowed.unsqueeze(1))  # [rows, 1, T, kv_length]
         kwargs = {_cache_kwarg(model): cache, "use_cache": True}
         if not logits and _accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = 1
         # Padding past a row's context gets a clamped position; its outputs are never used.
-        positions = columns.clamp(max=self.max_context - 1)
+        positions = columns if kv_length <= self.max_context else columns.clamp(max=self.max_context - 1)
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
         if model is self.draft:
             self.stats.draft_forwards += 1
@@ -586,6 +608,12 @@ class SpeculativeEngine:
             stats.add_time(f"draft@{rows}", t_draft, count=k)
         stats.add_time(f"target:{k + 1}@{rows}", t_target)
         stats.add_time(f"step:{k}@{rows}", t_step)
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """torch.arange(n) on the device, from a cached one (a step needs several)."""
+        if self._aranges.numel() < n:
+            self._aranges = torch.arange(max(n, 2 * self._aranges.numel()), device=self.device)
+        return self._aranges[:n]
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

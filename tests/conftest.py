@@ -16,7 +16,6 @@ import pytest
 from tests.services import (
     PG_ADMIN_URL,
     REDIS_TEST_URL,
-    TINY_CORPUS,
     SpecqWorker,
     empty_database,
     flushed_redis,
@@ -92,38 +91,10 @@ def redis_url():
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
-    """(target_dir, draft_dir): a byte-level BPE tokenizer with a chat template and two tiny random
-    Llamas (the draft a noisy copy of the target) saved as `from_pretrained` folders; builds in seconds."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """(target_dir, draft_dir): tests.tiny_models.save_tiny_pair, built once per session."""
+    from tests.tiny_models import save_tiny_pair
 
-    from tests.tiny_models import noisy_copy, tiny_llama
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<s>", "</s>"],  # ids 0 and 1: tiny_llama's BOS and EOS
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([TINY_CORPUS], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<s>")
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-    )
-    target = tiny_llama(vocab=len(tokenizer), layers=2, hidden=64, seed=0, max_positions=256)
-    draft = noisy_copy(target, scale=0.02, seed=1)
-    root = tmp_path_factory.mktemp("tiny_pair")
-    dirs = []
-    for name, model in (("target", target), ("draft", draft)):
-        model.to(torch.float32).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-        dirs.append(str(root / name))
-    return dirs[0], dirs[1]
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny_pair"))
 
 
 @pytest.fixture

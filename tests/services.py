@@ -21,13 +21,6 @@ REDIS_TEST_URL = os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/
 _TABLES = ("results", "batches", "requests", "workers", "jobs")
 
 # the training text of conftest's tiny_pair tokenizer
-TINY_CORPUS = (
-    "def add(a, b):\n    return a + b\n\n"
-    "def mul(a, b):\n    return a * b\n\n"
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
-    "for i in range(10):\n    print(i, 'hello, world')\n"
-    "Speculative decoding drafts tokens with a small model and verifies them with a large one.\n"
-) * 4
 
 
 def empty_database(db_url):

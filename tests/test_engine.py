@@ -231,7 +231,7 @@ def test_generate_pulls_requests_lazily(target):
 
 
 def test_step_times_are_raw_sums_and_a_policy_carries_over(target, draft, prompts):
-    results, engine = _run(target, draft, _greedy_requests(prompts), num_speculative_tokens=3, batch_size=9)
+    _, engine = _run(target, draft, _greedy_requests(prompts), num_speculative_tokens=3, batch_size=9)
     stats = engine.stats
     assert sum(stats.k_steps.values()) == stats.num_steps
     k_steps = sum(n for k, n in stats.k_steps.items() if k)

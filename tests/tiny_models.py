@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -72,3 +73,44 @@ def reference_greedy(model, prompt: list[int], max_tokens: int, eos: int | None 
         )[0, len(prompt) :].tolist()
         _REFERENCES[key] = out[: out.index(eos)] if eos is not None and eos in out else out
     return _REFERENCES[key]
+
+
+TINY_CORPUS = (
+    "def add(a, b):\n    return a + b\n\n"
+    "def mul(a, b):\n    return a * b\n\n"
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "for i in range(10):\n    print(i, 'hello, world')\n"
+    "Speculative decoding drafts tokens with a small model and verifies them with a large one.\n"
+) * 4
+
+
+def save_tiny_pair(root: Path) -> tuple[str, str]:
+    """(target_dir, draft_dir) under `root`: a byte-level BPE tokenizer (320 tokens, with a chat template)
+    and two tiny random Llamas, the draft a noisy copy of the target, as `from_pretrained` folders;
+    seconds to build. The pair the queue tests and `bench/load_run.py` run real workers on."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<s>", "</s>"],  # ids 0 and 1: tiny_llama's BOS and EOS
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TINY_CORPUS], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<s>")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    )
+    target = tiny_llama(vocab=len(tokenizer), layers=2, hidden=64, seed=0, max_positions=256)
+    draft = noisy_copy(target, scale=0.02, seed=1)
+    dirs = []
+    for name, model in (("target", target), ("draft", draft)):
+        model.to(torch.float32).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        dirs.append(str(root / name))
+    return dirs[0], dirs[1]
