@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 
 class ProgressBar:
     def __init__(self, label: str, total: int | None, show: bool) -> None:
@@ -21,7 +23,7 @@ class ProgressBar:
         )
         self.task = self.progress.add_task(label, total=total, rate=0.0, acceptance=0.0, failed="")
 
-    def __enter__(self) -> ProgressBar:
+    def __enter__(self) -> Self:
         self.progress.__enter__()
         return self
 

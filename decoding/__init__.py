@@ -1,9 +1,21 @@
-"""Batched speculative decoding in plain torch: no Celery, Redis or database in here."""
+"""Batched speculative decoding in plain torch: no Celery, Redis or database in here.
 
-from decoding.config import DecodingConfig
-from decoding.engine import SpeculativeEngine
-from decoding.stats import EngineStats
-from decoding.types import FinishReason, GenerationRequest, GenerationResult, SamplingParams
+The names below load on first use, so `from decoding.config import DecodingConfig` (the CLI, the
+queue) does not import torch and the engine.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "DecodingConfig": "decoding.config",
+    "EngineStats": "decoding.stats",
+    "FinishReason": "decoding.types",
+    "GenerationRequest": "decoding.types",
+    "GenerationResult": "decoding.types",
+    "SamplingParams": "decoding.types",
+    "SpeculativeEngine": "decoding.engine",
+}
 
 __all__ = [
     "DecodingConfig",
@@ -14,3 +26,15 @@ __all__ = [
     "SamplingParams",
     "SpeculativeEngine",
 ]
+
+if TYPE_CHECKING:
+    from decoding.config import DecodingConfig
+    from decoding.engine import SpeculativeEngine
+    from decoding.stats import EngineStats
+    from decoding.types import FinishReason, GenerationRequest, GenerationResult, SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'decoding' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

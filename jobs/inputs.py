@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import orjson
 
 from specq.errors import BadInputError
 
@@ -301,6 +302,16 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
 _decode_json = json.JSONDecoder().decode  # json.loads minus its per-call argument handling
 
 
+def _loads(text: str) -> Any:
+    """orjson (several times faster; parsing is most of what submit costs), and the standard parser
+    where orjson refuses: its message for broken JSON, and what it accepts that orjson does not (NaN,
+    lone surrogates, integers past 64 bits), which validation then reports in its own words."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return _decode_json(text)
+
+
 def parse_line(raw: bytes, line: int) -> RequestSpec:
     """Parse one non-blank line (bytes, as read from the file); raises LineError saying what is wrong."""
     try:
@@ -310,7 +321,7 @@ def parse_line(raw: bytes, line: int) -> RequestSpec:
     if line == 1 and text.startswith("\ufeff"):
         text = text[1:]  # a UTF-8 byte order mark, as some editors write
     try:
-        obj = _decode_json(text)
+        obj = _loads(text)
     except ValueError as exc:
         msg = getattr(exc, "msg", str(exc))
         col = getattr(exc, "colno", None)

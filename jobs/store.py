@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
+import orjson
 from sqlalchemy.orm import Session
 
 from db.states import RequestState
@@ -16,7 +16,8 @@ COLUMNS = ("job_id", "seq", "line", "custom_id", "kind", "prompt", "messages", "
 SQLITE_BATCH = 10_000  # rows per executemany call
 
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # json.dumps minus its setup
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()  # compact UTF-8 JSON; tuples (`stop`) become lists
 
 
 def _rows(job_id: str, specs: Iterable[RequestSpec]) -> Iterator[tuple[Any, ...]]:
