@@ -2,11 +2,14 @@
 
 Order matters, so that a bad file or a bad model leaves nothing behind:
 
-1. load the tokenizers and model configs: a missing model or a draft with another vocabulary fails now;
+1. start the model check (tokenizers and configs: a missing model, a draft with another vocabulary) in
+   a child process: importing transformers and loading them takes seconds, longer from the hub, and
+   runs on the second core while this one reads the file;
 2. reach the database and the broker: a service that is down fails now, before anything is written;
 3. one transaction: the job row, then every request streamed from one read of the file (COPY on
    PostgreSQL). Bad lines are collected while reading; if there was any, the transaction is rolled
-   back and every bad line reported: nothing stored, nothing enqueued;
+   back and every bad line reported: nothing stored, nothing enqueued. A failed model check stops the
+   read as soon as it is known, and wins over bad lines; the transaction commits only after it passed;
 4. enqueue one task per chunk; if the broker fails half way the job is deleted again.
 
 One read, not two (validate, then store): parsing is most of the cost, and reading once while
@@ -17,8 +20,12 @@ in the file's size: the read streams, and the duplicate-id check keeps 8 bytes a
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import sys
 import uuid
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +36,7 @@ from db.session import Database, open_database
 from db.states import JobState
 from db.types import utcnow
 from jobs.enqueue import enqueue_chunks, job_chunks
-from jobs.inputs import InputLimits, iter_request_specs
+from jobs.inputs import InputLimits, RequestSpec, iter_request_specs
 from jobs.services import check_broker
 from jobs.store import insert_requests
 from specq.errors import BadInputError, ModelLoadError
@@ -100,6 +107,54 @@ def _check_config(name: str) -> None:
         raise ModelLoadError(f"cannot load the model config of {name!r} ({first})") from exc
 
 
+class _ModelCheck:
+    """`check_models` in a child process while the caller reads the file."""
+
+    POLL_EVERY = 8192  # lines between looks at the child
+
+    def __init__(self, target: str, draft: str | None, skip: bool) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._future: Future | None = None
+        if skip:
+            return
+        if "transformers" in sys.modules:
+            # already imported (an application calling this, the tests): the check is quick here, and a
+            # child would have to import it all again
+            check_models(target, draft)
+            return
+        # spawn: the child needs none of this process's state, and a fork of a process that may hold
+        # torch's thread pools is not safe
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self._future = self._pool.submit(check_models, target, draft)
+
+    def __enter__(self) -> _ModelCheck:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            if isinstance(exc, Exception):
+                self.wait()  # a model that cannot be loaded is reported first: it is the first thing to fix
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def raise_if_failed(self) -> None:
+        """Raise the check's ModelLoadError if it has already failed; never waits."""
+        if self._future is not None and self._future.done() and self._future.exception() is not None:
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the check ends; raise its ModelLoadError."""
+        if self._future is not None:
+            self._future.result()
+
+    def watch(self, specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
+        for count, spec in enumerate(specs, start=1):
+            if count % self.POLL_EVERY == 0:
+                self.raise_if_failed()
+            yield spec
+
+
 def submit_job(
     input_path: str,
     spec: JobSpec,
@@ -109,17 +164,41 @@ def submit_job(
     models_checked: bool = False,
     limits: InputLimits | None = None,
 ) -> Submitted:
-    """Check, store (validating as it reads) and enqueue; see the module docstring. Raises, in the
-    order checked: ModelLoadError, ServiceUnavailableError, BadInputError (every bad line)."""
+    """Check, store (validating as it reads) and enqueue; see the module docstring. Raises
+    ModelLoadError (whatever else failed), else ServiceUnavailableError, else BadInputError (every bad
+    line)."""
     name = os.fspath(input_path)
-    if not models_checked:
-        check_models(spec.target, spec.draft)
-    db = open_database(database_url)
-    if broker is not None:
-        check_broker(broker)
+    with _ModelCheck(spec.target, spec.draft, skip=models_checked) as models:
+        db = open_database(database_url)
+        if broker is not None:
+            check_broker(broker)
+        job_id, total, chunk_size = _store(db, name, input_path, spec, broker, limits, models)
+    log.info("job %s: stored %d requests from %s", job_id, total, name)
 
+    chunks = list(job_chunks(job_id, total, chunk_size))
+    if broker is not None:
+        try:
+            enqueue_chunks(broker, chunks)
+        except Exception:
+            with db.session() as session:
+                session.execute(delete(Job).where(Job.id == job_id))
+            raise
+    return Submitted(job_id, total, chunks, db, embedded=broker is None)
+
+
+def _store(
+    db: Database,
+    name: str,
+    input_path: str,
+    spec: JobSpec,
+    broker: str | None,
+    limits: InputLimits | None,
+    models: _ModelCheck,
+) -> tuple[str, int, int]:
+    """The job and its requests, in one transaction committed only if the file and the models are good;
+    (job id, requests, chunk size)."""
     job_id = new_job_id()
-    with db.session() as session:  # rolled back if the file has a bad line
+    with db.session() as session:  # rolled back if the file has a bad line or the models are bad
         job = Job(
             id=job_id,
             state=JobState.QUEUED,
@@ -132,21 +211,12 @@ def submit_job(
         session.add(job)
         session.flush()
         # raises BadInputError, with every bad line, once the whole file is read
-        total = insert_requests(session, job_id, iter_request_specs(input_path, limits))
+        total = insert_requests(session, job_id, models.watch(iter_request_specs(input_path, limits)))
         if total == 0:
             raise BadInputError([f"{name}: the file has no requests"])
+        models.wait()
         chunk_size = QUEUE.chunk_size(total, int(spec.decoding.get("batch_size", 8)))
         job.total, job.settings = total, spec.settings(chunk_size)
-        # set just before the enqueue below: a sweeper treats a chunk as lost only once this is old
+        # set just before the enqueue: a sweeper treats a chunk as lost only once this is old
         job.enqueued_at = utcnow() if broker is not None else None
-    log.info("job %s: stored %d requests from %s", job_id, total, name)
-
-    chunks = list(job_chunks(job_id, total, chunk_size))
-    if broker is not None:
-        try:
-            enqueue_chunks(broker, chunks)
-        except Exception:
-            with db.session() as session:
-                session.execute(delete(Job).where(Job.id == job_id))
-            raise
-    return Submitted(job_id, total, chunks, db, embedded=broker is None)
+    return job_id, total, chunk_size

@@ -78,6 +78,23 @@ def test_models_fail_early(env, tiny_pair, tmp_path) -> None:
     assert_nothing_stored(env)
 
 
+def test_model_check_beside_the_read_in_a_fresh_process(env, tiny_pair, tmp_path) -> None:
+    """The `specq` process has not imported transformers: the model check runs in a child while the file
+    is read. A bad model wins over bad lines; a good one lets the bad lines be reported; nothing stored."""
+    path = write_requests(tmp_path / "bad.jsonl", [PLAIN, "{oops"])
+    specq = [sys.executable, "-c", "from cli.main import main; main()", "submit", path]
+    bad_model = subprocess.run([*specq, "--target", str(tmp_path / "nope")], env=env, capture_output=True, text=True)
+    assert bad_model.returncode == 2, bad_model.stderr
+    assert "cannot load the tokenizer" in bad_model.stderr and "not valid JSON" not in bad_model.stderr
+    bad_line = subprocess.run([*specq, "--target", tiny_pair[0]], env=env, capture_output=True, text=True)
+    assert bad_line.returncode == 2 and f"{path}:2: not valid JSON" in bad_line.stderr
+    assert_nothing_stored(env)
+    good = write_requests(tmp_path / "good.jsonl", [PLAIN])
+    done = subprocess.run([*specq[:-1], good, "--target", tiny_pair[0]], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert count_rows(env["SPECQ_DATABASE_URL"], Request) == 1
+
+
 def test_broker_down_stores_nothing(pg_db_url, tiny_pair, tmp_path) -> None:
     env = services_env(pg_db_url, "redis://:hunter2@127.0.0.1:1/0", tmp_path / "home")
     path = write_requests(tmp_path / "in.jsonl", [PLAIN])
