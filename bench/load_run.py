@@ -229,6 +229,19 @@ def submit(env: dict[str, str], path: Path, target: str, draft: str, batch_size:
     return done.stdout.strip(), time.monotonic() - began
 
 
+def timed_run(env: dict[str, str], path: Path, out: Path, target: str, draft: str, batch_size: int) -> float:
+    """Wall seconds of `specq run` on the same file: one process, no queue, no database."""
+    models = ["--target", target, "--draft", draft, "--batch-size", str(batch_size)]
+    began = time.monotonic()
+    subprocess.run(
+        [*SPECQ, "run", str(path), "-o", str(out), *models],
+        env={**env, "SPECQ_DATABASE_URL": "", "SPECQ_BROKER_URL": ""},
+        check=True,
+        capture_output=True,
+    )
+    return time.monotonic() - began
+
+
 def counts(db_url: str, job_id: str) -> dict[str, Any]:
     """The job's row, its requests by state, and its results: what was lost or duplicated."""
     from sqlalchemy import func, select
@@ -303,26 +316,7 @@ def load(args: argparse.Namespace) -> None:
             wait_done(services.db_url, job_id, args.timeout)
             found = counts(services.db_url, job_id)
         say("the same file through `specq run` (one process, no queue)")
-        began = time.monotonic()
-        subprocess.run(
-            [
-                *SPECQ,
-                "run",
-                str(path),
-                "-o",
-                str(work / "run.jsonl"),
-                "--target",
-                target,
-                "--draft",
-                draft,
-                "--batch-size",
-                str(args.batch_size),
-            ],
-            env={**env, "SPECQ_DATABASE_URL": "", "SPECQ_BROKER_URL": ""},
-            check=True,
-            capture_output=True,
-        )
-        run_s = time.monotonic() - began
+        run_s = timed_run(env, path, work / "run.jsonl", target, draft, args.batch_size)
     finally:
         services.drop()
         if args.keep:
@@ -449,26 +443,7 @@ def warm(args: argparse.Namespace) -> None:
             queue_s = time.monotonic() - began
             found = counts(services.db_url, job_id)
         say("the same file through `specq run`")
-        began = time.monotonic()
-        subprocess.run(
-            [
-                *SPECQ,
-                "run",
-                str(path),
-                "-o",
-                str(work / "run.jsonl"),
-                "--target",
-                target,
-                "--draft",
-                draft,
-                "--batch-size",
-                str(args.batch_size),
-            ],
-            env={**env, "SPECQ_DATABASE_URL": "", "SPECQ_BROKER_URL": ""},
-            check=True,
-            capture_output=True,
-        )
-        run_s = time.monotonic() - began
+        run_s = timed_run(env, path, work / "run.jsonl", target, draft, args.batch_size)
     finally:
         services.drop()
         shutil.rmtree(work, ignore_errors=True)
