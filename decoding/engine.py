@@ -45,6 +45,7 @@ from decoding.stopping import StopChecker
 from decoding.types import GenerationRequest, GenerationResult
 
 RUNNING, FINISHED_STOP, FINISHED_LENGTH = 0, 1, 2
+_LAST = 1  # logits_to_keep: the last position only (a prefill whose logits nobody reads)
 _CAPACITY_QUANTUM = 64  # cache columns are allocated in multiples of this, to grow rarely
 
 
@@ -164,6 +165,7 @@ class SpeculativeEngine:
             self.max_k, fixed=self.config.fixed_k, probe_interval=self.config.probe_interval
         )
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
+        self._emit_at_prefill = draft is None and _accepts(target, "logits_to_keep")
 
     def reset_stats(self) -> None:
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
@@ -183,7 +185,8 @@ class SpeculativeEngine:
                         admitted, failures, exhausted = self._take(waiting, batch)
                         yield from failures
                         if admitted:
-                            batch = self._admit(batch, admitted)
+                            batch, ended = self._admit(batch, admitted)
+                            yield from ended
                     if batch is None or batch.live_rows().size == 0:
                         if exhausted:
                             return
@@ -229,8 +232,9 @@ class SpeculativeEngine:
         return None
 
     # -- admission, compaction ----------------------------------------------------------------------
-    def _admit(self, batch: _Batch | None, requests: list[GenerationRequest]) -> _Batch:
-        """Put requests into free rows (or new ones) and prefill both caches for them."""
+    def _admit(self, batch: _Batch | None, requests: list[GenerationRequest]) -> tuple[_Batch, list[GenerationResult]]:
+        """Put requests into free rows (or new ones) and prefill both caches for them; also the results
+        of requests that ended on their first token (target-only decoding emits it at prefill)."""
         need = max(len(r.prompt_token_ids) + r.params.max_tokens for r in requests) + self.max_k + 1
         if batch is None:
             batch = self._empty_batch(rows=len(requests), capacity=need)
@@ -246,9 +250,23 @@ class SpeculativeEngine:
             stops = StopChecker(self.tokenizer, request.params.stop) if request.params.stop else None
             batch.slots[row] = _Slot(request, seed, now, stops)
             batch.has_stops_h[row] = stops is not None
-        self._prefill(batch, rows, requests)
+        first_logits = self._prefill(batch, rows, requests)
         self._refresh_sampling(batch)
-        return batch
+        if first_logits is None:
+            return batch, []
+        return batch, self._emit_first(batch, np.array(rows), first_logits)
+
+    def _emit_first(self, batch: _Batch, rows: np.ndarray, first_logits: torch.Tensor) -> list[GenerationResult]:
+        """Append each new row's first token, from the prefill's last logits [n, V]: with no draft to verify
+        alongside it, feeding the last prompt token again in a step of its own would cost a forward."""
+        rows_t = torch.as_tensor(rows, device=self.device)
+        logits = first_logits.new_zeros(batch.rows, 1, first_logits.shape[-1])  # [rows, 1, V]
+        logits[rows_t, 0] = first_logits
+        output_token_ids, _ = self._accept(batch, None, None, logits, None)  # [rows, 1]
+        emitting = torch.zeros_like(batch.active)
+        emitting[rows_t] = 1
+        report = self._advance(batch, rows, emitting, output_token_ids, None, np.zeros(batch.rows, np.int64))
+        return list(self._finish(batch, rows, 0, report))
 
     def _empty_batch(self, rows: int, capacity: int) -> _Batch:
         capacity = -(-capacity // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM
@@ -331,8 +349,11 @@ class SpeculativeEngine:
             self.device,
         )
 
-    def _prefill(self, batch: _Batch, rows: list[int], requests: list[GenerationRequest]) -> None:
-        """Write the prompts into `rows` and run both models over all but each prompt's last token."""
+    def _prefill(self, batch: _Batch, rows: list[int], requests: list[GenerationRequest]) -> torch.Tensor | None:
+        """Write the prompts into `rows` and run both models over all but each prompt's last token, which
+        the first step verifies with the first draft tokens. With no draft (and a model that can return
+        chosen positions' logits) the target reads the whole prompt instead, and its logits at each
+        prompt's last token [n, V] are returned for the first output token."""
         started = time.perf_counter()
         prompts = [list(r.prompt_token_ids) for r in requests]
         width = max(len(p) for p in prompts)
@@ -350,20 +371,25 @@ class SpeculativeEngine:
         batch.generated_h[rows_np] = batch.draft_tokens_h[rows_np] = batch.accepted_h[rows_np] = 0
         batch.draft_h[rows_np] = batch.seq_h[rows_np] - 1
         batch.draft_lens[rows_t] = lengths - 1
-        if width > 1:
+        first_logits = None
+        if self._emit_at_prefill:
+            batch.target_cache.plan_prefill(rows_t, width)
+            last = lengths - 1  # [n]
+            keep = torch.unique(last)  # [u] sorted: the positions whose logits are computed
+            logits = self._run(
+                self.target, batch.target_cache, padded, self._arange(width).expand_as(padded), keep=keep
+            )  # [n, u, V]
+            first_logits = logits[torch.arange(len(rows), device=self.device), torch.searchsorted(keep, last)]
+            self.stats.prefill_tokens += int(lengths.sum())
+        elif width > 1:
             inputs = padded[:, : width - 1]  # [n, width - 1]
             for model, cache in ((self.target, batch.target_cache), (self.draft, batch.draft_cache)):
                 if model is not None and cache is not None:
                     cache.plan_prefill(rows_t, width - 1)
-                    self._run(
-                        model,
-                        cache,
-                        inputs,
-                        torch.arange(width - 1, device=self.device).expand_as(inputs),
-                        logits=False,
-                    )
-        self.stats.prefill_tokens += sum(len(p) - 1 for p in prompts)
+                    self._run(model, cache, inputs, self._arange(width - 1).expand_as(inputs), keep=_LAST)
+            self.stats.prefill_tokens += sum(len(p) - 1 for p in prompts)
         self.stats.time_prefill_s += time.perf_counter() - started
+        return first_logits
 
     # -- one step -----------------------------------------------------------------------------------
     def _step(self, batch: _Batch) -> Iterator[GenerationResult]:
@@ -382,12 +408,13 @@ class SpeculativeEngine:
         target_logits = self._verify(batch, draft_token_ids)
         watch.mark()
         output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits, num_draft)
-        report = self._advance(batch, live, output_token_ids, num_accepted, num_draft_h)  # the one host sync
+        report = self._advance(batch, live, batch.active, output_token_ids, num_accepted, num_draft_h)  # the host sync
         watch.mark()
         t_draft, t_target, t_rest = watch.seconds()
         if self.max_k:
             self.policy.observe_step(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
         self._record(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
+        self.stats.num_steps += 1
         yield from self._finish(batch, live, k, report)
 
     def _propose(self, batch: _Batch, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -469,17 +496,19 @@ class SpeculativeEngine:
         self,
         batch: _Batch,
         live: np.ndarray,
+        active: torch.Tensor,
         output_token_ids: torch.Tensor,
         num_accepted: torch.Tensor | None,
         num_draft_h: np.ndarray,
     ) -> _StepReport:
-        """Append each row's output, roll both caches back per row, and find rows that ended.
+        """Append the output of rows `live` (`active`: the same rows, a [rows] 0/1 mask on the device),
+        roll both caches back per row, and find rows that ended.
 
         The device only appends and moves lengths; where a row ends (EOS, max_tokens) is worked out
         on the host copy of the step's few numbers, where small array operations cost far less.
         """
         width = output_token_ids.shape[1]
-        emitted = batch.active if num_accepted is None else (num_accepted + 1) * batch.active  # [rows]
+        emitted = active if num_accepted is None else (num_accepted + 1) * active  # [rows]
         if self.config.strict:
             assert int((batch.seq_lens + width).max()) <= batch.capacity
         batch.token_ids.scatter_(1, batch.seq_lens.unsqueeze(1) + self._arange(width), output_token_ids)
@@ -512,9 +541,9 @@ class SpeculativeEngine:
         return _StepReport(kept=kept, finish=finish, accepted=accepted_h, drafted=num_draft_h, output_ids=output_h)
 
     def _finish(self, batch: _Batch, live: np.ndarray, k: int, report: _StepReport) -> Iterator[GenerationResult]:
+        """Book the step's tokens and counters for rows `live`; yield the results of those that ended."""
         kept, finish, accepted, drafted = report.kept, report.finish, report.accepted, report.drafted
         batch.generated_h += kept  # finished rows keep 0
-        self.stats.num_steps += 1
         if k:
             accepted, drafted = accepted[live], drafted[live]
             batch.draft_tokens_h[live] += drafted
@@ -580,14 +609,21 @@ class SpeculativeEngine:
         return self._run(model, cache, input_ids, columns)
 
     def _run(
-        self, model, cache: RaggedKVCache, input_ids: torch.Tensor, columns: torch.Tensor, logits: bool = True
+        self,
+        model,
+        cache: RaggedKVCache,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor,
+        keep: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
+        """Logits [rows, T, V]; with `keep`, only at those positions ([rows, len(keep), V]; an int: the last
+        `keep`), which models that take `logits_to_keep` compute alone; the others compute them all."""
         kv_length = cache.plan.kv_length
         allowed = self._arange(kv_length) <= columns.unsqueeze(-1)  # [rows, T, kv_length]
         mask = _attention_mask(model, allowed.unsqueeze(1))  # [rows, 1, T, kv_length]
         kwargs = {_cache_kwarg(model): cache, "use_cache": True}
-        if not logits and _accepts(model, "logits_to_keep"):
-            kwargs["logits_to_keep"] = 1
+        if keep is not None and _accepts(model, "logits_to_keep"):
+            kwargs["logits_to_keep"] = keep
         # Padding past a row's context gets a clamped position; its outputs are never used.
         positions = columns if kv_length <= self.max_context else columns.clamp(max=self.max_context - 1)
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits

@@ -19,6 +19,12 @@ def draft(target):
     return noisy_copy(target, scale=0.002)  # partial agreement: rollbacks happen every few tokens
 
 
+@pytest.fixture(params=["draft", "no draft"])
+def any_draft(request, draft):
+    """The draft, then none: without one the engine emits each request's first token at prefill."""
+    return draft if request.param == "draft" else None
+
+
 @pytest.fixture(scope="module")
 def prompts():
     generator = torch.Generator().manual_seed(7)
@@ -83,18 +89,18 @@ def test_sampled_draft_equal_to_target_accepts_everything(target, prompts):
     assert engine.stats.acceptance_rate == 1.0
 
 
-def test_batched_equals_one_by_one_when_sampling(target, draft, prompts):
+def test_batched_equals_one_by_one_when_sampling(target, any_draft, prompts):
     requests = [
         GenerationRequest(i, tuple(p), SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=100 + i))
         for i, p in enumerate(prompts)
     ]
-    batched, _ = _run(target, draft, requests, num_speculative_tokens=3, batch_size=5, fixed_k=True)
+    batched, _ = _run(target, any_draft, requests, num_speculative_tokens=3, batch_size=5, fixed_k=True)
     for request in requests:
-        alone, _ = _run(target, draft, [request], num_speculative_tokens=3, batch_size=1, fixed_k=True)
+        alone, _ = _run(target, any_draft, [request], num_speculative_tokens=3, batch_size=1, fixed_k=True)
         assert alone[request.key].token_ids == batched[request.key].token_ids
 
 
-def test_per_sequence_endings_in_one_batch(target, draft, prompts):
+def test_per_sequence_endings_in_one_batch(target, any_draft, prompts):
     """EOS, max_tokens and stop strings end rows independently inside one batch."""
     eos_prompt = prompts[2]
     natural = reference_greedy(target, eos_prompt, 12, eos=None)
@@ -108,9 +114,8 @@ def test_per_sequence_endings_in_one_batch(target, draft, prompts):
             3, tuple(eos_prompt), SamplingParams(max_tokens=12, temperature=0.0, stop=(f"<{stop_after}>",))
         ),
     ]
-    engine = SpeculativeEngine(
-        target, _TokenizerWithEos(eos_token), draft, DecodingConfig(num_speculative_tokens=4, fixed_k=True, strict=True)
-    )
+    config = DecodingConfig(num_speculative_tokens=4, fixed_k=True, strict=True)
+    engine = SpeculativeEngine(target, _TokenizerWithEos(eos_token), any_draft, config)
     results = {r.key: r for r in engine.generate(requests)}
     assert results[0].token_ids == natural[: natural.index(eos_token)]
     assert results[0].finish_reason == "stop"
@@ -141,38 +146,39 @@ def test_eos_inside_the_draft(target, prompts):
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])
-def test_k_larger_than_tokens_left(target, draft, prompts, max_tokens):
-    results, _ = _run(target, draft, _greedy_requests(prompts[:3], max_tokens), num_speculative_tokens=8, fixed_k=True)
+def test_k_larger_than_tokens_left(target, any_draft, prompts, max_tokens):
+    requests = _greedy_requests(prompts[:3], max_tokens)
+    results, _ = _run(target, any_draft, requests, num_speculative_tokens=8, fixed_k=True)
     for i, prompt in enumerate(prompts[:3]):
         expected = reference_greedy(target, prompt, max_tokens)
         assert results[i].token_ids == expected
         assert results[i].completion_tokens == len(expected) <= max_tokens
 
 
-def test_empty_prompt_starts_from_bos(target, draft):
-    results, _ = _run(target, draft, [GenerationRequest(0, (), SamplingParams(max_tokens=8, temperature=0))])
+def test_empty_prompt_starts_from_bos(target, any_draft):
+    results, _ = _run(target, any_draft, [GenerationRequest(0, (), SamplingParams(max_tokens=8, temperature=0))])
     assert results[0].error is None
     assert results[0].token_ids == reference_greedy(target, [BOS], 8)
 
 
-def test_overlong_prompt_fails_alone(target, draft, prompts):
+def test_overlong_prompt_fails_alone(target, any_draft, prompts):
     requests = [
         GenerationRequest(0, tuple(prompts[0]), SamplingParams(max_tokens=8, temperature=0)),
         GenerationRequest(1, tuple([5] * 250), SamplingParams(max_tokens=10, temperature=0)),  # context is 256
         GenerationRequest(2, tuple(prompts[1]), SamplingParams(max_tokens=8, temperature=0)),
     ]
-    results, _ = _run(target, draft, requests)
+    results, _ = _run(target, any_draft, requests)
     assert "exceeds the model's context of 256 tokens" in results[1].error
     assert results[1].finish_reason is None and results[1].token_ids == []
     assert results[0].token_ids == reference_greedy(target, prompts[0], 8)
     assert results[2].token_ids == reference_greedy(target, prompts[1], 8)
 
 
-def test_generation_up_to_the_context_limit(target, draft):
+def test_generation_up_to_the_context_limit(target, any_draft):
     prompt = [7] * 200
     results, _ = _run(
         target,
-        draft,
+        any_draft,
         [GenerationRequest(0, tuple(prompt), SamplingParams(max_tokens=56, temperature=0))],
         num_speculative_tokens=8,
         fixed_k=True,
@@ -245,3 +251,17 @@ def test_step_times_are_raw_sums_and_a_policy_carries_over(target, draft, prompt
     assert again.policy is engine.policy and again.policy.t_target
     with pytest.raises(ValueError, match="another K"):
         SpeculativeEngine(target, IdTokenizer(), draft, DecodingConfig(num_speculative_tokens=4), engine.policy)
+
+
+@pytest.mark.parametrize("ending", ["eos", "stop", "length"])
+def test_a_request_can_end_on_its_first_token(target, any_draft, prompts, ending):
+    natural = reference_greedy(target, prompts[1], 4, eos=None)
+    eos = natural[0] if ending == "eos" else 10_000
+    stop = (f"<{natural[0]}>",) if ending == "stop" else ()
+    params = SamplingParams(max_tokens=1 if ending == "length" else 4, temperature=0.0, stop=stop)
+    engine = SpeculativeEngine(target, _TokenizerWithEos(eos), any_draft, DecodingConfig(batch_size=2, strict=True))
+    other = GenerationRequest(1, tuple(prompts[2]), SamplingParams(max_tokens=4, temperature=0.0))
+    results = {r.key: r for r in engine.generate([GenerationRequest(0, tuple(prompts[1]), params), other])}
+    assert results[0].token_ids == ([natural[0]] if ending == "length" else [])
+    assert results[0].finish_reason == ("length" if ending == "length" else "stop")
+    assert results[1].token_ids == reference_greedy(target, prompts[2], 4, eos=10_000)
