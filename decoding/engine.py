@@ -13,9 +13,9 @@ One step, for every sequence (row) of the batch at once:
 
 k is chosen per step by `SpeculationPolicy` from measured step times (k = 0 is plain decoding,
 the only mode without a draft; there the prefill reads the whole prompt and emits the first token
-itself, where with a draft the last prompt token is verified together with the first draft tokens). Rows end on their own (EOS, a stop string, max_tokens); their slots
-are refilled from the waiting requests, and once none are left the batch is compacted so finished
-rows stop costing compute.
+itself, where with a draft the last prompt token is verified together with the first draft tokens).
+Rows end on their own (EOS, a stop string, max_tokens); their slots are refilled from the waiting
+requests, and once none are left the batch is compacted so finished rows stop costing compute.
 
 Invariants at the start of a step, per row: the sequence (prompt and generated tokens) is
 `token_ids[:seq_len]`; the target cache holds its first `seq_len - 1` tokens (the last one is the
