@@ -392,7 +392,8 @@ def submit_rate(args: argparse.Namespace) -> None:
         services.drop()
         shutil.rmtree(work, ignore_errors=True)
     lines = [
-        f"| {size:,} | {seconds:.2f} s | {size / seconds:,.0f} | {peak / 1024:.0f} MiB | {child / 1024:.0f} MiB |"
+        f"| {size:,} | {seconds:.2f} s | {f'{size / seconds:,.0f}' if size > 1 else ''} | {peak / 1024:.0f} MiB | "
+        f"{child / 1024:.0f} MiB |"
         for size, seconds, peak, child in rows[1:]
     ]
     print(
