@@ -375,13 +375,19 @@ class SpeculativeEngine:
         first_logits = None
         if self._emit_at_prefill:
             batch.target_cache.plan_prefill(rows_t, width)
-            last = lengths - 1  # [n]
-            keep = torch.unique(last)  # [u] sorted: the positions whose logits are computed
+            # positions worked out on the host, from the prompts' lengths: no device sync at admission
+            last = np.array([len(p) - 1 for p in prompts])  # [n]
+            keep = np.unique(last)  # [u] sorted: the positions whose logits are computed
             logits = self._run(
-                self.target, batch.target_cache, padded, self._arange(width).expand_as(padded), keep=keep
+                self.target,
+                batch.target_cache,
+                padded,
+                self._arange(width).expand_as(padded),
+                keep=torch.from_numpy(keep).to(self.device),
             )  # [n, u, V]
-            first_logits = logits[torch.arange(len(rows), device=self.device), torch.searchsorted(keep, last)]
-            self.stats.prefill_tokens += int(lengths.sum())
+            picked = torch.from_numpy(np.searchsorted(keep, last)).to(self.device)  # [n]
+            first_logits = logits[self._arange(len(rows)), picked]
+            self.stats.prefill_tokens += int(last.sum()) + len(rows)
         elif width > 1:
             inputs = padded[:, : width - 1]  # [n, width - 1]
             for model, cache in ((self.target, batch.target_cache), (self.draft, batch.draft_cache)):
