@@ -2,9 +2,9 @@
 
 Order matters, so that a bad file or a bad model leaves nothing behind:
 
-1. start the model check (tokenizers and configs: a missing model, a draft with another vocabulary) in
-   a child process: importing transformers and loading them takes seconds, longer from the hub, and
-   runs on the second core while this one reads the file;
+1. start the model check (tokenizers and configs: a missing model, a draft with another vocabulary;
+   `jobs.model_check`), in a child process on the second core while this one reads the file, unless
+   these model folders passed it before;
 2. reach the database and the broker: a service that is down fails now, before anything is written;
 3. one transaction: the job row, then every request streamed from one read of the file (COPY on
    PostgreSQL). Bad lines are collected while reading; if there was any, the transaction is rolled
@@ -20,12 +20,8 @@ in the file's size: the read streams, and the duplicate-id check keeps 8 bytes a
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import sys
 import uuid
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +32,11 @@ from db.session import Database, open_database
 from db.states import JobState
 from db.types import utcnow
 from jobs.enqueue import enqueue_chunks, job_chunks
-from jobs.inputs import InputLimits, RequestSpec, iter_request_specs
+from jobs.inputs import InputLimits, iter_request_specs
+from jobs.model_check import ModelCheck
 from jobs.services import check_broker
 from jobs.store import insert_requests
-from specq.errors import BadInputError, ModelLoadError
+from specq.errors import BadInputError
 from worker.settings import DEFAULT_MAX_ATTEMPTS, QUEUE
 
 log = logging.getLogger(__name__)
@@ -86,75 +83,6 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def check_models(target: str, draft: str | None) -> None:
-    """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing or differ."""
-    from models.loading import check_same_vocab, load_tokenizer
-
-    tokenizer = load_tokenizer(target)
-    _check_config(target)
-    if draft is not None:
-        check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
-        _check_config(draft)
-
-
-def _check_config(name: str) -> None:
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(name)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot load the model config of {name!r} ({first})") from exc
-
-
-class _ModelCheck:
-    """`check_models` in a child process while the caller reads the file."""
-
-    POLL_EVERY = 8192  # lines between looks at the child
-
-    def __init__(self, target: str, draft: str | None, skip: bool) -> None:
-        self._pool: ProcessPoolExecutor | None = None
-        self._future: Future | None = None
-        if skip:
-            return
-        if "transformers" in sys.modules:
-            # already imported (an application calling this, the tests): the check is quick here, and a
-            # child would have to import it all again
-            check_models(target, draft)
-            return
-        # spawn: the child needs none of this process's state, and a fork of a process that may hold
-        # torch's thread pools is not safe
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        self._future = self._pool.submit(check_models, target, draft)
-
-    def __enter__(self) -> _ModelCheck:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        try:
-            if isinstance(exc, Exception):
-                self.wait()  # a model that cannot be loaded is reported first: it is the first thing to fix
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def raise_if_failed(self) -> None:
-        """Raise the check's ModelLoadError if it has already failed; never waits."""
-        if self._future is not None and self._future.done() and self._future.exception() is not None:
-            self.wait()
-
-    def wait(self) -> None:
-        """Block until the check ends; raise its ModelLoadError."""
-        if self._future is not None:
-            self._future.result()
-
-    def watch(self, specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
-        for count, spec in enumerate(specs, start=1):
-            if count % self.POLL_EVERY == 0:
-                self.raise_if_failed()
-            yield spec
-
-
 def submit_job(
     input_path: str,
     spec: JobSpec,
@@ -168,7 +96,7 @@ def submit_job(
     ModelLoadError (whatever else failed), else ServiceUnavailableError, else BadInputError (every bad
     line)."""
     name = os.fspath(input_path)
-    with _ModelCheck(spec.target, spec.draft, skip=models_checked) as models:
+    with ModelCheck(spec.target, spec.draft, skip=models_checked) as models:
         db = open_database(database_url)
         if broker is not None:
             check_broker(broker)
@@ -193,7 +121,7 @@ def _store(
     spec: JobSpec,
     broker: str | None,
     limits: InputLimits | None,
-    models: _ModelCheck,
+    models: ModelCheck,
 ) -> tuple[str, int, int]:
     """The job and its requests, in one transaction committed only if the file and the models are good;
     (job id, requests, chunk size)."""

@@ -1,0 +1,165 @@
+"""Submit's model check: the target and the draft load (tokenizers and configs, not weights) and share a
+vocabulary, so that a typo in a path fails the submit, not every chunk on the workers.
+
+Importing transformers (and torch with it) to load two tokenizers costs 3-5 s, most of what a small
+submit costs. So the check runs in a child process while the file is read, and a pair of local folders
+that passed is remembered in specq's data directory: the next submit of the same folders skips the
+check. A folder is known by its resolved path and the name, size and modification time of each file in
+it, so a folder whose files changed is checked again. Hub ids are checked every time (what they resolve
+to can change upstream).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from specq.errors import ModelLoadError
+from specq.paths import data_dir
+
+log = logging.getLogger(__name__)
+
+PASSED_FILE = "checked-models.json"
+PASSED_KEPT = 256  # pairs remembered, the most recent
+
+T = TypeVar("T")
+
+
+def check_models(target: str, draft: str | None) -> None:
+    """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing or differ."""
+    from models.loading import check_same_vocab, load_tokenizer
+
+    tokenizer = load_tokenizer(target)
+    _check_config(target)
+    if draft is not None:
+        check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+        _check_config(draft)
+
+
+def _check_config(name: str) -> None:
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load the model config of {name!r} ({first})") from exc
+
+
+# -- pairs that passed ----------------------------------------------------------------------------------
+def _folder_identity(name: str) -> list | None:
+    """What a local model folder is, as far as the check is concerned; None for a hub id."""
+    path = Path(name)
+    if not path.is_dir():
+        return None
+    files = []
+    for entry in os.scandir(path):
+        if entry.is_file():
+            stat = entry.stat()
+            files.append((entry.name, stat.st_size, stat.st_mtime_ns))
+    return [str(path.resolve()), sorted(files)]
+
+
+def _pair_key(target: str, draft: str | None) -> str | None:
+    """A digest of both folders' identities; None when either model is a hub id."""
+    identities = [_folder_identity(target), None if draft is None else _folder_identity(draft)]
+    if identities[0] is None or (draft is not None and identities[1] is None):
+        return None
+    return hashlib.sha256(json.dumps(identities).encode()).hexdigest()
+
+
+def _passed_keys() -> list[str]:
+    try:
+        keys = json.loads((data_dir() / PASSED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []  # none yet, or unreadable: check again, and rewrite it
+    return [k for k in keys if isinstance(k, str)] if isinstance(keys, list) else []
+
+
+def passed_before(target: str, draft: str | None) -> bool:
+    """Whether these very folders passed the check before."""
+    key = _pair_key(target, draft)
+    return key is not None and key in _passed_keys()
+
+
+def remember_passed(target: str, draft: str | None) -> None:
+    key = _pair_key(target, draft)
+    if key is None:
+        return
+    keys = [*[k for k in _passed_keys() if k != key][-(PASSED_KEPT - 1) :], key]
+    path = data_dir() / PASSED_FILE
+    scratch = path.with_name(f"{path.name}.{os.getpid()}")
+    try:  # replaced whole: a concurrent submit reads the old list or the new one, never half of one
+        scratch.write_text(json.dumps(keys), encoding="utf-8")
+        os.replace(scratch, path)
+    except OSError as exc:  # a read-only home costs the next submit a check, nothing more
+        log.debug("cannot remember the model check in %s: %s", path, exc)
+
+
+# -- the check beside the read --------------------------------------------------------------------------
+class ModelCheck:
+    """`check_models`, unless these folders passed before, in a child process while the caller reads
+    the file (in this process if transformers is already imported). A context manager: on the way out
+    of a failure, a failed check is raised in its place (a model that cannot be loaded is the first
+    thing to fix)."""
+
+    POLL_EVERY = 8192  # lines between looks at the child
+
+    def __init__(self, target: str, draft: str | None, skip: bool = False) -> None:
+        self.target, self.draft = target, draft
+        self._pool: ProcessPoolExecutor | None = None
+        self._future: Future | None = None
+        self._pending = not skip and not passed_before(target, draft)
+        if not self._pending:
+            return
+        if "transformers" in sys.modules:
+            # already imported (an application calling this, the tests): the check is quick here, and a
+            # child would have to import it all again
+            check_models(target, draft)
+            self._pass()
+            return
+        # spawn: the child needs none of this process's state, and a fork of a process that may hold
+        # torch's thread pools is not safe
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self._future = self._pool.submit(check_models, target, draft)
+
+    def __enter__(self) -> ModelCheck:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            if isinstance(exc, Exception):
+                self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _pass(self) -> None:
+        self._pending = False
+        remember_passed(self.target, self.draft)
+
+    def raise_if_failed(self) -> None:
+        """Raise the check's ModelLoadError if it has already failed; never waits."""
+        if self._future is not None and self._future.done() and self._future.exception() is not None:
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the check ends; raise its ModelLoadError."""
+        if self._future is not None and self._pending:
+            self._future.result()
+            self._pass()
+
+    def watch(self, items: Iterable[T]) -> Iterator[T]:
+        """`items`, raising the check's error as soon as it is known."""
+        for count, item in enumerate(items, start=1):
+            if count % self.POLL_EVERY == 0:
+                self.raise_if_failed()
+            yield item
