@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 SPECQ = (sys.executable, "-c", "from cli.main import main; main()")
-FAST_TIMINGS = {"SPECQ_HEARTBEAT_S": "0.5", "SPECQ_LEASE_S": "3", "SPECQ_SWEEP_S": "1"}
 
 
 def say(message: str) -> None:
@@ -111,62 +110,6 @@ def _wait(check: Any, timeout: float, what: str, poll: float = 0.05) -> float:
             raise TimeoutError(f"no {what} after {timeout}s")
         time.sleep(poll)
     return time.monotonic() - began
-
-
-def redis_up() -> bool:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    try:
-        return bool(redis.Redis(socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)).ping())
-    except redis.RedisError:
-        return False
-
-
-def restart_redis() -> float:
-    """Stop Redis (nothing saved) and start it again; seconds it was down."""
-    subprocess.run(["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"], capture_output=True, timeout=30)
-    _wait(lambda: not redis_up(), 10, "Redis stop")
-    down = time.monotonic()
-    try:
-        time.sleep(0.5)
-    finally:
-        subprocess.run(
-            [
-                *("redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379"),
-                *("--save", "", "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"),
-            ],
-            check=True,
-            capture_output=True,
-        )
-        _wait(redis_up, 30, "Redis start")
-    return time.monotonic() - down
-
-
-def postgres_up(admin_url: str) -> bool:
-    import psycopg
-
-    try:
-        with psycopg.connect(admin_url, connect_timeout=1) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.OperationalError:
-        return False
-
-
-def restart_postgres(admin_url: str) -> float:
-    """Stop PostgreSQL (fast shutdown: every connection cut) and start it again; seconds it was down."""
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    ctl = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main"]
-    subprocess.run([*ctl, "stop"], capture_output=True, timeout=120)
-    down = time.monotonic()
-    try:
-        time.sleep(1.0)
-    finally:
-        subprocess.run([*ctl, "start"], capture_output=True, timeout=120)
-        _wait(lambda: postgres_up(admin_url), 60, "PostgreSQL start", poll=0.2)
-    return time.monotonic() - down
 
 
 # -- workers and jobs ----------------------------------------------------------------------------------
@@ -507,13 +450,15 @@ def owner_count(db_url: str, job_id: str, owner_pid: int) -> int:
 
 
 def drills(args: argparse.Namespace) -> None:
+    from tests.fleet_helpers import DRILL_ENV
+    from worker.settings import QueueSettings
+
     work = Path(tempfile.mkdtemp(prefix="specq_drills_"))
     services = Services(args.pg_admin_url, args.redis_url)
     target, draft = model_pair(args.models, work)
     path = work / "in.jsonl"
     write_input(path, args.requests)
-    timings = FAST_TIMINGS if args.fast else {}
-    from worker.settings import QueueSettings
+    timings = DRILL_ENV if args.fast else {}
 
     settings = QueueSettings(**{k[6:].lower(): float(v) for k, v in timings.items()})
     services.create()
@@ -583,6 +528,8 @@ def kill_drill(
 def redis_drill(args: argparse.Namespace, services: Services, start_job: Any, results: list[Drill]) -> None:
     import redis
 
+    from tests.fleet_helpers import restart_redis
+
     say("drill: Redis restarted mid-job")
     job_id, at = start_job()
     began = time.monotonic()
@@ -611,10 +558,12 @@ def redis_drill(args: argparse.Namespace, services: Services, start_job: Any, re
 
 
 def postgres_drill(args: argparse.Namespace, services: Services, start_job: Any, results: list[Drill]) -> None:
+    from tests.fleet_helpers import restart_postgres
+
     say("drill: PostgreSQL restarted mid-job")
     job_id, at = start_job()
     began = time.monotonic()
-    down_s = restart_postgres(services.admin_url)
+    down_s = restart_postgres()
     before = progress(services.db_url, job_id)[1]
     recovered = _wait(
         lambda: progress(services.db_url, job_id)[1] > before or progress(services.db_url, job_id)[0] == "completed",

@@ -1,4 +1,5 @@
-"""Helpers of the fleet, recovery and hardening tests: restart the real services, wait for things.
+"""Helpers of the fleet, recovery and hardening tests (and of bench/load_run.py's drills): restart the
+real services, wait for things.
 
 Both services are always left running, even when a restart fails half way (the start runs in a
 `finally`). Redis keeps nothing on disk here, so a restart drops every key of every database: exactly
@@ -66,18 +67,22 @@ def redis_up() -> bool:
         client.close()
 
 
-def restart_redis(down_s: float = 0.5) -> None:
-    """Stop Redis (nothing saved: every queued message is gone) and start it again."""
+def restart_redis(down_s: float = 0.5) -> float:
+    """Stop Redis (nothing saved: every queued message is gone) and start it again; the seconds it was
+    down."""
+    down = time.monotonic()
     try:
         subprocess.run(["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"], capture_output=True, timeout=30)
         wait_for(lambda: not redis_up(), 10, "Redis to stop")
+        down = time.monotonic()
         time.sleep(down_s)
     finally:
         if not redis_up():
             Path("/var/log/redis").mkdir(parents=True, exist_ok=True)
             Path("/var/lib/redis").mkdir(parents=True, exist_ok=True)
             subprocess.run(REDIS_START, check=True, capture_output=True, timeout=30)
-        wait_for(redis_up, 30, "Redis to start")
+        wait_for(redis_up, 30, "Redis to start", poll=0.05)
+    return time.monotonic() - down
 
 
 def postgres_up() -> bool:
@@ -99,16 +104,20 @@ def _pg_ctl(action: str) -> None:
     )
 
 
-def restart_postgres(down_s: float = 1.0) -> None:
-    """Stop PostgreSQL (fast shutdown: every connection is cut), wait `down_s`, start it again."""
+def restart_postgres(down_s: float = 1.0) -> float:
+    """Stop PostgreSQL (fast shutdown: every connection is cut), wait `down_s`, start it again; the
+    seconds it was down."""
+    down = time.monotonic()
     try:
         _pg_ctl("stop")
         wait_for(lambda: not postgres_up(), 30, "PostgreSQL to stop")
+        down = time.monotonic()
         time.sleep(down_s)
     finally:
         if not postgres_up():
             _pg_ctl("start")
         wait_for(postgres_up, 60, "PostgreSQL to start")
+    return time.monotonic() - down
 
 
 def pid_alive(pid: int) -> bool:
