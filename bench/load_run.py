@@ -504,8 +504,16 @@ def kill_drill(
     say("drill: kill -9 of a worker mid-batch")
     job_id, at = start_job()
     began = time.monotonic()
-    victim = max(fleet, key=lambda w: owner_count(services.db_url, job_id, w.proc.pid))
-    held = owner_count(services.db_url, job_id, victim.proc.pid)
+    while True:  # freeze the busiest worker; kill it only if it still holds leases once frozen
+        victim = max(fleet, key=lambda w: owner_count(services.db_url, job_id, w.proc.pid))
+        victim.proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.3)  # what it had already sent the database is applied by now
+        held = owner_count(services.db_url, job_id, victim.proc.pid)
+        if held:
+            break
+        victim.proc.send_signal(signal.SIGCONT)
+        if progress(services.db_url, job_id)[0] == "completed":
+            raise SystemExit("the job ended before a worker was caught mid-batch; give more --requests")
     victim.stop(signal.SIGKILL)
     requeued = _wait(lambda: owner_count(services.db_url, job_id, victim.proc.pid) == 0, args.timeout, "requeue")
     wait_done(services.db_url, job_id, args.timeout)
