@@ -95,13 +95,13 @@ def remember_passed(target: str, draft: str | None) -> None:
     if key is None:
         return
     keys = [*[k for k in _passed_keys() if k != key][-(PASSED_KEPT - 1) :], key]
-    path = data_dir() / PASSED_FILE
-    scratch = path.with_name(f"{path.name}.{os.getpid()}")
     try:  # replaced whole: a concurrent submit reads the old list or the new one, never half of one
+        path = data_dir() / PASSED_FILE
+        scratch = path.with_name(f"{path.name}.{os.getpid()}")
         scratch.write_text(json.dumps(keys), encoding="utf-8")
         os.replace(scratch, path)
     except OSError as exc:  # a read-only home costs the next submit a check, nothing more
-        log.debug("cannot remember the model check in %s: %s", path, exc)
+        log.debug("cannot remember the model check: %s", exc)
 
 
 # -- the check beside the read --------------------------------------------------------------------------

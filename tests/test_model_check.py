@@ -52,3 +52,12 @@ def test_hub_ids_are_never_remembered(pair) -> None:
     assert not passed_before("someone/some-model", None)
     remember_passed(pair[0], "someone/some-draft")
     assert not passed_before(pair[0], "someone/some-draft")
+
+
+def test_an_unwritable_data_directory_costs_a_check_not_the_submit(pair, tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("SPECQ_HOME", str(blocker / "home"))  # mkdir fails: a file is in the way
+    with ModelCheck(*pair) as check:
+        check.wait()
+    assert not passed_before(*pair)
