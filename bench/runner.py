@@ -204,6 +204,19 @@ def achievable_limit(
     return mean_acceptance_length * t_target_step / (k * t_draft_step + t_verify)
 
 
+def paired_ratio(numerator: Run | None, denominator: Run | None) -> float | None:
+    """numerator's tokens/s over denominator's. Passes of the same round-robin round (same batch size,
+    same number of passes) are paired: the median of the per-round ratios, as load from elsewhere,
+    which drifts over seconds on a shared machine, slows both passes of a round alike. Otherwise the
+    ratio of the median rates."""
+    if numerator is None or denominator is None:
+        return None
+    if numerator.batch_size != denominator.batch_size or len(numerator.seconds) != len(denominator.seconds):
+        return ratio(numerator.tokens_per_second, denominator.tokens_per_second)
+    rounds = zip(numerator.tokens, numerator.seconds, denominator.tokens, denominator.seconds, strict=True)
+    return statistics.median((t1 / s1) / (t2 / s2) for t1, s1, t2, s2 in rounds if s1 > 0 and s2 > 0 and t2 > 0)
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """numerator / denominator, None when either is missing or the denominator is 0."""
     if numerator is None or not denominator:
@@ -278,8 +291,8 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
         if t_target and t_draft and t_verify and fixed.stats["num_drafts"]
         else None
     )
-    speedup_fixed = ratio(rate["spec_fixed"], rate["target_only"])
-    speedup_adaptive = ratio(rate["spec"], rate["target_only"])
+    speedup_fixed = paired_ratio(fixed, plain)
+    speedup_adaptive = paired_ratio(spec, plain)
     mismatches = compare_outputs({name: run.outputs for name, run in runs.items()}) if compare else None
     differing = {m["prompt"] for m in mismatches or []}
 
@@ -292,9 +305,9 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
         **{f"{name}_tokens_per_s": rate.get(name) for name in RUNS},
         **{f"{name}_tokens_per_cpu_s": cpu_rate.get(name) for name in RUNS},
         "spec_over_target_only": speedup_adaptive,
-        "spec_over_hf_batched": ratio(rate["spec"], rate.get("hf_batched")),
-        "spec_over_hf_assisted": ratio(rate["spec"], rate.get("hf_assisted")),
-        "target_only_over_hf_batched": ratio(rate["target_only"], rate.get("hf_batched")),
+        "spec_over_hf_batched": paired_ratio(spec, runs.get("hf_batched")),
+        "spec_over_hf_assisted": paired_ratio(spec, runs.get("hf_assisted")),
+        "target_only_over_hf_batched": paired_ratio(plain, runs.get("hf_batched")),
         "acceptance_rate": a,
         "alpha": alpha,
         "mean_acceptance_length": e,

@@ -60,7 +60,12 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed passes before each timed one."
 )
 @click.option(
-    "--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Timed passes; the median is reported."
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Timed passes, round-robin over the ways of decoding: rates are medians, ratios the median of "
+    "the per-round ratios.",
 )
 @click.option(
     "--prompt-chars", type=click.IntRange(min=32), default=256, show_default=True, help="Length of each prompt."

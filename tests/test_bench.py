@@ -21,6 +21,7 @@ from bench.runner import (
     forward_time,
     leviathan_bound,
     mean_k,
+    paired_ratio,
     per_token_acceptance,
 )
 from cli.bench import bench as bench_command
@@ -142,6 +143,19 @@ def test_derive_row_combines_the_runs():
     checks = {c["target"]: c["met"] for c in check_targets([row])}
     assert checks["batch 1: spec / target-only"] is True
     assert checks["batch 1: speedup (K fixed) / achievable limit"] is (row["efficiency_fixed"] >= 0.9)
+
+
+def test_ratios_pair_the_passes_of_a_round():
+    # b is 10 % slower in every round, but the machine slowed down at different rounds for the two
+    # medians: the ratio of median rates says 2.2x, the paired rounds 1.1x
+    a = Run("target_only", 16, [100] * 3, [1.0, 1.0, 2.0])
+    b = Run("hf_batched", 16, [100] * 3, [1.1, 2.2, 2.2])
+    assert a.tokens_per_second / b.tokens_per_second == pytest.approx(2.2)
+    assert paired_ratio(a, b) == pytest.approx(1.1)
+    # passes of another round-robin (another batch size) are not paired
+    other = Run("hf_assisted", 1, [100] * 3, [1.1, 2.2, 2.2])
+    assert paired_ratio(a, other) == pytest.approx(2.2)
+    assert paired_ratio(a, None) is None
 
 
 def test_derive_row_without_hf_or_comparison():
