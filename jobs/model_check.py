@@ -5,8 +5,8 @@ Importing transformers (and torch with it) to load two tokenizers costs 3-5 s, m
 submit costs. So the check runs in a child process while the file is read, and a pair of local folders
 that passed is remembered in specq's data directory: the next submit of the same folders skips the
 check. A folder is known by its resolved path and the name, size and modification time of each file in
-it, so a folder whose files changed is checked again. Hub ids are checked every time (what they resolve
-to can change upstream).
+it, so a folder whose files changed is checked again, as is every pair after an upgrade of transformers
+or tokenizers. Hub ids are checked every time (what they resolve to can change upstream).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 PASSED_FILE = "checked-models.json"
 PASSED_KEPT = 256  # pairs remembered, the most recent
+LOADERS = ("transformers", "tokenizers")
 
 T = TypeVar("T")
 
@@ -68,12 +69,25 @@ def _folder_identity(name: str) -> list | None:
     return [str(path.resolve()), sorted(files)]
 
 
+def _loader_versions() -> list[str | None]:
+    """The libraries that load the folders: an upgrade may read them differently, so it checks again."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions: list[str | None] = []
+    for package in LOADERS:
+        try:
+            versions.append(version(package))
+        except PackageNotFoundError:
+            versions.append(None)
+    return versions
+
+
 def _pair_key(target: str, draft: str | None) -> str | None:
-    """A digest of both folders' identities; None when either model is a hub id."""
+    """A digest of both folders' identities and the loaders' versions; None when either model is a hub id."""
     identities = [_folder_identity(target), None if draft is None else _folder_identity(draft)]
     if identities[0] is None or (draft is not None and identities[1] is None):
         return None
-    return hashlib.sha256(json.dumps(identities).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([*identities, _loader_versions()]).encode()).hexdigest()
 
 
 def _passed_keys() -> list[str]:

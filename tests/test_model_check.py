@@ -1,5 +1,6 @@
 """Submit's model check remembers pairs of local folders that passed, and only those very folders: a
-folder whose files changed is checked again, a hub id every time."""
+folder whose files changed is checked again, every pair after an upgrade of its loaders, a hub id every
+time."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from jobs import model_check
 from jobs.model_check import ModelCheck, passed_before, remember_passed
 from specq.errors import ModelLoadError
 
@@ -60,4 +62,11 @@ def test_an_unwritable_data_directory_costs_a_check_not_the_submit(pair, tmp_pat
     monkeypatch.setenv("SPECQ_HOME", str(blocker / "home"))  # mkdir fails: a file is in the way
     with ModelCheck(*pair) as check:
         check.wait()
+    assert not passed_before(*pair)
+
+
+def test_an_upgrade_of_the_loaders_checks_again(pair, monkeypatch) -> None:
+    remember_passed(*pair)
+    assert passed_before(*pair)
+    monkeypatch.setattr(model_check, "LOADERS", ("transformers", "a-package-that-is-not-installed"))
     assert not passed_before(*pair)
