@@ -460,7 +460,8 @@ def drills(args: argparse.Namespace) -> None:
     write_input(path, args.requests)
     timings = DRILL_ENV if args.fast else {}
 
-    settings = QueueSettings(**{k[6:].lower(): float(v) for k, v in timings.items()})
+    overrides: dict[str, Any] = {k[6:].lower(): float(v) for k, v in timings.items()}  # SPECQ_LEASE_S -> lease_s
+    settings = QueueSettings(**overrides)
     services.create()
     results: list[Drill] = []
     baseline = 0.0

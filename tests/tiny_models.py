@@ -110,7 +110,7 @@ def save_tiny_pair(root: Path) -> tuple[str, str]:
     draft = noisy_copy(target, scale=0.02, seed=1)
     dirs = []
     for name, model in (("target", target), ("draft", draft)):
-        model.to(torch.float32).save_pretrained(root / name)
+        model.float().save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
         dirs.append(str(root / name))
     return dirs[0], dirs[1]
