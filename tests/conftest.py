@@ -100,7 +100,7 @@ def tiny_pair(tmp_path_factory):
 @pytest.fixture
 def start_worker(tmp_path):
     """Factory: start_worker(env) -> a ready SpecqWorker; all are stopped (SIGTERM) after the test."""
-    started = []
+    started: list[SpecqWorker] = []
 
     def start(env, **kwargs):
         worker = SpecqWorker(env, tmp_path / f"worker{len(started)}.log", **kwargs)

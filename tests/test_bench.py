@@ -6,6 +6,7 @@ import copy
 import json
 import math
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -221,7 +222,7 @@ def tiny_pair(tmp_path_factory):
 
 
 def test_bench_end_to_end(tiny_pair, tmp_path):
-    assert cli.get_command(None, "bench") is bench_command  # importing cli.bench registered it
+    assert cli.get_command(click.Context(cli), "bench") is bench_command  # importing cli.bench registered it
     target, draft = tiny_pair
     out = tmp_path / "bench.json"
     markdown = tmp_path / "bench.md"

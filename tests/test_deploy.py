@@ -47,7 +47,7 @@ def check_specq_command(args: list[str]) -> None:
         return
     words = [a for a in args if not a.startswith("-")]
     command: click.Command = cli
-    path = []
+    path: list[str] = []
     while isinstance(command, click.Group):  # `db upgrade`: walk down the groups
         name = words.pop(0)
         assert name in command.commands, f"specq has no command {' '.join([*path, name])!r}"

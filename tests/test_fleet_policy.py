@@ -95,7 +95,7 @@ def test_round_robin_placement_and_graceful_stop() -> None:
     try:
         started = [sup.start() for _ in range(3)]
         assert [w.device for w in started] == ["cuda:0", "cuda:1", "cuda:0"]
-        assert started[0].process.args[-2:] == ["--device", "cuda:0"]
+        assert started[0].process.args[-2:] == ["--device", "cuda:0"]  # type: ignore[index]
         sup.stop(started[1])  # cuda:1 is now empty: the next worker goes there
         assert sup.next_device() == "cuda:1"
         wait_for(lambda: started[1] in sup.reap(), 10, "the worker to exit on SIGTERM")

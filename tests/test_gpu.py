@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from tests.tiny_models import IdTokenizer, noisy_copy, tiny_llama
+
+
+def on_cuda(model: Any, dtype: torch.dtype | None = None) -> Any:
+    # Any: mypy cannot follow the decorator transformers wraps `to` in
+    return model.to("cuda") if dtype is None else model.to("cuda", dtype)
+
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -29,8 +37,7 @@ def _reference(model, prompt, max_tokens):
 
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_identity_on_cuda_fp32(k):
-    target = tiny_llama(seed=0).cuda()
-    draft = noisy_copy(tiny_llama(seed=0), 0.002).cuda()
+    target, draft = on_cuda(tiny_llama(seed=0)), on_cuda(noisy_copy(tiny_llama(seed=0), 0.002))
     engine = SpeculativeEngine(
         target, IdTokenizer(), draft, DecodingConfig(num_speculative_tokens=k, batch_size=4, fixed_k=True, strict=True)
     )
@@ -43,7 +50,7 @@ def test_greedy_identity_on_cuda_fp32(k):
 
 
 def test_bf16_draft_equal_to_target_and_sampling():
-    target = tiny_llama(seed=0).to("cuda", torch.bfloat16)
+    target = on_cuda(tiny_llama(seed=0), torch.bfloat16)
     engine = SpeculativeEngine(target, IdTokenizer(), target, DecodingConfig(num_speculative_tokens=4, fixed_k=True))
     requests = [
         GenerationRequest(i, tuple(p), SamplingParams(max_tokens=24, temperature=0.8, seed=i))

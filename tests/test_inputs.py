@@ -105,7 +105,7 @@ def test_blank_lines_skipped_but_counted(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "in.jsonl", [{"prompt": "a"}, "", "   \t", {"prompt": "b"}, "nope"])
     problems = problems_of(path)
     assert problems == [f"{path}:5: not valid JSON: Expecting value (column 1)"]
-    specs = []
+    specs: list[RequestSpec] = []
     with pytest.raises(BadInputError):
         specs.extend(iter_request_specs(path))
     assert [(s.line, s.id) for s in specs] == [(1, "1"), (4, "4")]

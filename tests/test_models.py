@@ -259,8 +259,8 @@ def test_training_is_deterministic():
     tokenizer = demo.train_tokenizer(texts, TINY.vocab_size)
     tokens = demo.encode_documents(tokenizer, texts)
     runs = [demo.train_models(tokens, TINY, tokenizer.eos_token_id, seed=3) for _ in range(2)]
-    for index in (0, 1):  # target, draft
-        first, second = runs[0][index].state_dict(), runs[1][index].state_dict()
+    for first_model, second_model in ((runs[0][0], runs[1][0]), (runs[0][1], runs[1][1])):  # target, draft
+        first, second = first_model.state_dict(), second_model.state_dict()
         assert first.keys() == second.keys()
         for name in first:
             assert torch.equal(first[name], second[name]), name

@@ -13,8 +13,10 @@ import json
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import Result as CliResult
 from sqlalchemy import func, select
 
 from cli.main import cli
@@ -37,7 +39,7 @@ from tests.services import (
 
 METRICS_PORT = 19731
 PLAIN = {"id": "p1", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
-CHAT = {
+CHAT: dict[str, Any] = {
     "custom_id": "c1",
     "method": "POST",
     "url": "/v1/chat/completions",
@@ -52,7 +54,7 @@ OPENAI_COMPLETION = {
 TOO_LONG = {"id": "long", "prompt": "for i in range(10):", "max_tokens": 1000}  # the context is 256
 SAMPLED = {"id": "s1", "prompt": "print(i,", "max_tokens": 5, "temperature": 0.9, "seed": 7}
 GREEDY_MORE = [{"prompt": f"def mul{i}(a, b):", "max_tokens": 6 + i % 4, "temperature": 0} for i in range(6)]
-LINES = [PLAIN, CHAT, OPENAI_COMPLETION, TOO_LONG, SAMPLED, *GREEDY_MORE]
+LINES: list[dict[str, Any]] = [PLAIN, CHAT, OPENAI_COMPLETION, TOO_LONG, SAMPLED, *GREEDY_MORE]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def env(pg_url, tmp_path_factory):
     client.flushdb()
 
 
-def submit(env, tmp_path: Path, lines: list, *args: str) -> tuple[str, object]:
+def submit(env, tmp_path: Path, lines: list, *args: str) -> tuple[str, CliResult]:
     path = write_requests(tmp_path / "in.jsonl", lines)
     result = invoke(["submit", path, *args], env)
     return result.stdout.strip(), result

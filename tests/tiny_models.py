@@ -15,7 +15,7 @@ BOS = 0
 class IdTokenizer:
     """Decodes ids as space-separated numbers: enough for the engine (stop strings, text)."""
 
-    eos_token_id = EOS
+    eos_token_id: int | None = EOS
     bos_token_id = BOS
 
     def decode(self, ids, **_kwargs) -> str:
