@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-from bench import hf_baselines
-from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.bench import hf_baselines
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 
 logger = logging.getLogger(__name__)
 
@@ -358,8 +358,8 @@ def check_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- running ----------------------------------------------------------------------------------------
 def prompt_token_ids(tokenizer, count: int, prompt_chars: int) -> tuple[list[str], list[list[int]]]:
     """`count` held-out code prompts (models/demo.py) and their token ids as the engine gets them."""
-    from models.demo import heldout_prompts
-    from models.loading import tokenize_prompt
+    from specq.models.demo import heldout_prompts
+    from specq.models.loading import tokenize_prompt
 
     texts = heldout_prompts(count, prompt_chars)
     return texts, [tokenize_prompt(tokenizer, prompt=text) for text in texts]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from cli.main import cli
-from cli.options import broker_option, database_option, specq_errors
+from specq.cli.main import cli
+from specq.cli.options import broker_option, database_option, specq_errors
 
 
 @cli.command("autoscale")
@@ -83,8 +83,8 @@ def autoscale(
     back to the queue) only once it has stayed low for --cooldown seconds. Every decision is logged on
     one line. On SIGTERM every worker is stopped and none is left behind.
     """
-    from jobs.services import broker_url as resolve_broker
-    from worker.autoscale.config import AutoscaleConfig, default_devices, parse_devices
+    from specq.jobs.services import broker_url as resolve_broker
+    from specq.worker.autoscale.config import AutoscaleConfig, default_devices, parse_devices
 
     broker = resolve_broker(broker_url)
     if broker is None:
@@ -104,8 +104,8 @@ def autoscale(
         raise click.UsageError(str(exc)) from None
     verbose = ctx.find_root().params.get("verbose") or 0
     # the decisions are what this command is for: shown without -v
-    logging.getLogger("worker.autoscale").setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    logging.getLogger("specq.worker.autoscale").setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
     with specq_errors():
-        from worker.autoscale.loop import run_autoscaler
+        from specq.worker.autoscale.loop import run_autoscaler
 
         run_autoscaler(config, database_url=database_url, broker=broker, env=os.environ, log_dir=log_dir)

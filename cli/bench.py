@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import click
 
-from cli.main import cli
+from specq.cli.main import cli
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -114,9 +114,9 @@ def bench(
         raise click.UsageError("give both --target and --draft, or neither (the demo pair)")
     import torch
 
-    from bench import report, runner
-    from models.loading import load_pair
+    from specq.bench import report, runner
     from specq.errors import SpecqError
+    from specq.models.loading import load_pair
 
     try:
         settings = runner.BenchSettings(
@@ -141,7 +141,7 @@ def bench(
     started = time.perf_counter()
     try:
         if target is None:
-            from models.demo import build_demo_models
+            from specq.models.demo import build_demo_models
 
             click.echo("using the demo pair (building it on first use takes a few minutes)", err=True)
             demo = build_demo_models()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from cli.main import cli
-from cli.options import broker_option, database_option, specq_errors
+from specq.cli.main import cli
+from specq.cli.options import broker_option, database_option, specq_errors
 
 
 @cli.command("cancel")
@@ -14,8 +14,8 @@ from cli.options import broker_option, database_option, specq_errors
 def cancel(job: str, database_url: str | None) -> None:
     """Stop a job's remaining work; results already stored are kept."""
     with specq_errors():
-        from db.session import open_database
-        from jobs.control import cancel_job
+        from specq.db.session import open_database
+        from specq.jobs.control import cancel_job
 
         outcome = cancel_job(open_database(database_url), job)
     if not outcome.changed:
@@ -34,11 +34,11 @@ def cancel(job: str, database_url: str | None) -> None:
 def retry(job: str, device: str | None, database_url: str | None, broker_url: str | None) -> None:
     """Requeue a job's failed (and cancelled) requests. With no broker they run here, in this process."""
     with specq_errors():
-        from db.session import open_database
-        from jobs.control import retry_job
-        from jobs.enqueue import enqueue_chunks
-        from jobs.services import broker_url as resolve_broker
-        from jobs.services import check_broker
+        from specq.db.session import open_database
+        from specq.jobs.control import retry_job
+        from specq.jobs.enqueue import enqueue_chunks
+        from specq.jobs.services import broker_url as resolve_broker
+        from specq.jobs.services import check_broker
 
         broker = resolve_broker(broker_url)
         if broker is not None:
@@ -51,8 +51,8 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
         if broker is not None:
             enqueue_chunks(broker, outcome.chunks)
             return
-        from jobs.embedded import run_chunks_here
-        from jobs.status import job_status
+        from specq.jobs.embedded import run_chunks_here
+        from specq.jobs.status import job_status
 
         run_chunks_here(db, outcome.chunks, device or outcome.device)
         status = job_status(db, job)

@@ -1,7 +1,7 @@
 """Imports every command module so that each registers itself on the `cli` group."""
 
 # One import per command module; keep them light (no torch at import time).
-from cli import (  # noqa: F401
+from specq.cli import (  # noqa: F401
     autoscale,
     bench,
     cancel,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from cli.main import cli
-from cli.options import database_option, specq_errors
+from specq.cli.main import cli
+from specq.cli.options import database_option, specq_errors
 
 
 @cli.group("db")
@@ -18,8 +18,8 @@ def db() -> None:
 def upgrade(database_url: str | None) -> None:
     """Create or migrate the schema to the latest revision (other commands also do this on first use)."""
     with specq_errors():
-        from db.migrate import upgrade as migrate
-        from db.session import open_database
+        from specq.db.migrate import upgrade as migrate
+        from specq.db.session import open_database
 
         database = open_database(database_url, migrate=False)
         before, after = migrate(database)

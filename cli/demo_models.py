@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from cli.main import cli
+from specq.cli.main import cli
 from specq.errors import SpecqError
 
 
@@ -30,7 +30,7 @@ def demo_models(directory: Path | None, seed: int, force: bool) -> None:
     models_logger.propagate = False
     models_logger.addHandler(handler)
     try:
-        from models.demo import build_demo_models
+        from specq.models.demo import build_demo_models
 
         demo = build_demo_models(directory, seed=seed, force=force)
     except (OSError, SpecqError) as exc:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from cli.main import cli
-from cli.options import database_option, specq_errors
+from specq.cli.main import cli
+from specq.cli.options import database_option, specq_errors
 
 FORMATS = ("csv", "jsonl", "openai")
 
@@ -25,8 +25,8 @@ def export(job: str, output: str, fmt: str | None, database_url: str | None) -> 
     if fmt is None:
         fmt = "jsonl" if output.endswith((".jsonl", ".json")) else "csv"
     with specq_errors():
-        from db.session import open_database
-        from jobs.export import export_job
+        from specq.db.session import open_database
+        from specq.jobs.export import export_job
 
         count = export_job(open_database(database_url), job, output, fmt)  # type: ignore[arg-type]
     click.echo(f"wrote {count} results of job {job} to {output} ({fmt})", err=True)

@@ -25,7 +25,7 @@ def cli(verbose: int) -> None:
 
 def _register() -> None:
     # Each command module adds itself to `cli`; imports stay light so `specq --help` needs no torch.
-    from cli import commands  # noqa: F401
+    from specq.cli import commands  # noqa: F401
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import click
 from specq.errors import BadInputError, JobNotFoundError, ModelLoadError, ServiceUnavailableError, SpecqError
 
 if TYPE_CHECKING:
-    from decoding.config import DecodingConfig
+    from specq.decoding.config import DecodingConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -122,7 +122,7 @@ def pop_generation_options(params: dict[str, Any]) -> GenerationOptions:
 
     A request's SamplingParams are then `jobs.params.sampling_params(gen.sampling, spec.overrides)`.
     """
-    from decoding.config import DecodingConfig
+    from specq.decoding.config import DecodingConfig
 
     values = {name: params.pop(name, None) for name in GENERATION_PARAMS}
     decoding: dict[str, Any] = {"fixed_k": bool(values["fixed_k"])}
@@ -162,7 +162,7 @@ def input_limit_options(f: F) -> F:
 
 def pop_input_limits(params: dict[str, Any]) -> Any:
     """The jobs.inputs.InputLimits of a command's --max-line-bytes / --max-input-bytes."""
-    from jobs.inputs import InputLimits
+    from specq.jobs.inputs import InputLimits
 
     return InputLimits.from_env(params.pop("max_line_bytes", None), params.pop("max_input_bytes", None))
 

@@ -8,9 +8,15 @@ from typing import Any
 
 import click
 
-from cli.main import cli
-from cli.options import generation_options, input_limit_options, pop_generation_options, pop_input_limits, specq_errors
-from cli.progress import ProgressBar
+from specq.cli.main import cli
+from specq.cli.options import (
+    generation_options,
+    input_limit_options,
+    pop_generation_options,
+    pop_input_limits,
+    specq_errors,
+)
+from specq.cli.progress import ProgressBar
 
 
 @cli.command("run")
@@ -32,7 +38,7 @@ def run(input_path: str, output_path: str | None, progress: bool | None, **optio
     """
     gen = pop_generation_options(options)
     limits = pop_input_limits(options)
-    from jobs.local_run import default_output_path, run_file
+    from specq.jobs.local_run import default_output_path, run_file
 
     path = output_path or str(default_output_path(input_path))
     show = sys.stderr.isatty() if progress is None else progress

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from cli.main import cli
-from cli.options import database_option, specq_errors
+from specq.cli.main import cli
+from specq.cli.options import database_option, specq_errors
 
 
 def _fmt(value: Any) -> str:
@@ -30,8 +30,8 @@ def status(job: str | None, as_json: bool, limit: int, database_url: str | None)
     """Show a job's state, counts and metrics (tokens/s, acceptance rate, mean acceptance length,
     acceptance per position); without JOB, the recent jobs."""
     with specq_errors():
-        from db.session import open_database
-        from jobs.status import job_status, recent_jobs
+        from specq.db.session import open_database
+        from specq.jobs.status import job_status, recent_jobs
 
         db = open_database(database_url)
         found: dict[str, Any] | list[dict[str, Any]] = job_status(db, job) if job else recent_jobs(db, limit)

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from cli.main import cli
-from cli.options import (
+from specq.cli.main import cli
+from specq.cli.options import (
     broker_option,
     database_option,
     generation_options,
@@ -17,7 +17,7 @@ from cli.options import (
     pop_input_limits,
     specq_errors,
 )
-from cli.progress import ProgressBar
+from specq.cli.progress import ProgressBar
 
 
 def _summary(status: dict[str, Any]) -> None:
@@ -62,8 +62,8 @@ def submit(
     gen = pop_generation_options(options)
     limits = pop_input_limits(options)
     with specq_errors():
-        from jobs.services import broker_url as resolve_broker
-        from jobs.submit import JobSpec, submit_job
+        from specq.jobs.services import broker_url as resolve_broker
+        from specq.jobs.submit import JobSpec, submit_job
 
         broker = resolve_broker(broker_url)
         spec = JobSpec(
@@ -86,7 +86,7 @@ def submit(
     worker: threading.Thread | None = None
     failure: list[BaseException] = []
     if submitted.embedded:
-        from jobs.embedded import run_chunks_here
+        from specq.jobs.embedded import run_chunks_here
 
         def work() -> None:
             try:
@@ -99,9 +99,9 @@ def submit(
     if not wait and worker is None:
         return
 
-    from jobs.control import cancel_job
-    from jobs.status import live_workers
-    from jobs.wait import wait_for_job
+    from specq.jobs.control import cancel_job
+    from specq.jobs.status import live_workers
+    from specq.jobs.wait import wait_for_job
 
     if worker is None and not live_workers(submitted.db):
         click.echo("no live workers yet: start one with `specq worker`", err=True)

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from cli.main import cli
-from cli.options import broker_option, database_option, specq_errors
+from specq.cli.main import cli
+from specq.cli.options import broker_option, database_option, specq_errors
 
 
 @cli.command("worker")
@@ -31,14 +31,14 @@ def worker(
 ) -> None:
     """Run one Celery worker bound to one device until SIGTERM (the batch in hand finishes first; the
     rest of its chunk goes back to the queue)."""
-    from jobs.services import broker_url as resolve_broker
+    from specq.jobs.services import broker_url as resolve_broker
 
     broker = resolve_broker(broker_url)
     if broker is None:
         raise click.UsageError("a worker needs a broker: give --broker-url or set SPECQ_BROKER_URL")
     verbose = (ctx.find_root().params.get("verbose") or 0) if ctx.find_root() else 0
     with specq_errors():
-        from worker.main import run_worker
+        from specq.worker.main import run_worker
 
         run_worker(
             device=device,
@@ -57,8 +57,8 @@ def worker(
 def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None:
     """List the live workers: name, device, state, last heartbeat, current batch."""
     with specq_errors():
-        from db.session import open_database
-        from jobs.status import live_workers
+        from specq.db.session import open_database
+        from specq.jobs.status import live_workers
 
         found = live_workers(open_database(database_url), include_gone=include_gone)
     if as_json:

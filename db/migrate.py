@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from db.session import Database
+from specq.db.session import Database
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from db.states import JobState, RequestState
-from db.types import BigId, JSONType, UTCDateTime, utcnow
+from specq.db.states import JobState, RequestState
+from specq.db.types import BigId, JSONType, UTCDateTime, utcnow
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

@@ -107,7 +107,7 @@ def open_database(url: str | None = None, *, migrate: bool = True) -> Database:
     except Exception as exc:  # e.g. a malformed URL or a missing driver
         raise ServiceUnavailableError(f"cannot use the database at {mask_url(resolved)}: {exc}") from None
     if migrate:
-        from db.migrate import ensure_schema
+        from specq.db.migrate import ensure_schema
 
         ensure_schema(db)
     return db

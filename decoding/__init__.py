@@ -8,13 +8,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "DecodingConfig": "decoding.config",
-    "EngineStats": "decoding.stats",
-    "FinishReason": "decoding.types",
-    "GenerationRequest": "decoding.types",
-    "GenerationResult": "decoding.types",
-    "SamplingParams": "decoding.types",
-    "SpeculativeEngine": "decoding.engine",
+    "DecodingConfig": "specq.decoding.config",
+    "EngineStats": "specq.decoding.stats",
+    "FinishReason": "specq.decoding.types",
+    "GenerationRequest": "specq.decoding.types",
+    "GenerationResult": "specq.decoding.types",
+    "SamplingParams": "specq.decoding.types",
+    "SpeculativeEngine": "specq.decoding.engine",
 }
 
 __all__ = [
@@ -28,10 +28,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from decoding.config import DecodingConfig
-    from decoding.engine import SpeculativeEngine
-    from decoding.stats import EngineStats
-    from decoding.types import FinishReason, GenerationRequest, GenerationResult, SamplingParams
+    from specq.decoding.config import DecodingConfig
+    from specq.decoding.engine import SpeculativeEngine
+    from specq.decoding.stats import EngineStats
+    from specq.decoding.types import FinishReason, GenerationRequest, GenerationResult, SamplingParams
 
 
 def __getattr__(name: str) -> Any:

@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from decoding.config import DecodingConfig
-from decoding.k_policy import SpeculationPolicy
-from decoding.kv_cache import RaggedKVCache
-from decoding.rejection import greedy_accept, rejection_sample
-from decoding.sampling import SamplingTensors, Stream, counter_uniforms, logits_to_probs, sample_from_probs
-from decoding.stats import EngineStats
-from decoding.stopping import StopChecker
-from decoding.types import GenerationRequest, GenerationResult
+from specq.decoding.config import DecodingConfig
+from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.kv_cache import RaggedKVCache
+from specq.decoding.rejection import greedy_accept, rejection_sample
+from specq.decoding.sampling import SamplingTensors, Stream, counter_uniforms, logits_to_probs, sample_from_probs
+from specq.decoding.stats import EngineStats
+from specq.decoding.stopping import StopChecker
+from specq.decoding.types import GenerationRequest, GenerationResult
 
 RUNNING, FINISHED_STOP, FINISHED_LENGTH = 0, 1, 2
 _LAST = 1  # logits_to_keep: the last position only (a prefill whose logits nobody reads)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.sampling import sample_from_probs
+from specq.decoding.sampling import sample_from_probs
 
 
 def rejection_sample(

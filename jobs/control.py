@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Job, Request, Result
-from db.session import Database
-from db.states import JobState, RequestState, job_sources, request_sources
-from db.types import utcnow
+from specq.db.models import Job, Request, Result
+from specq.db.session import Database
+from specq.db.states import JobState, RequestState, job_sources, request_sources
+from specq.db.types import utcnow
 from specq.errors import JobNotFoundError
 
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from db.session import Database
+from specq.db.session import Database
 
 
 def run_chunks_here(db: Database, chunks: Iterable[tuple[str, int, int]], device: str | None) -> None:
     """Run the chunks one after another in this process, exactly as a worker would run their tasks."""
-    from models.loading import resolve_device
-    from worker.chunk import WorkerContext
-    from worker.heartbeat import Heartbeat
-    from worker.runtime import get_context_or_none, set_context, worker_name
-    from worker.tasks import process_chunk
+    from specq.models.loading import resolve_device
+    from specq.worker.chunk import WorkerContext
+    from specq.worker.heartbeat import Heartbeat
+    from specq.worker.runtime import get_context_or_none, set_context, worker_name
+    from specq.worker.tasks import process_chunk
 
     previous = get_context_or_none()
     resolved = resolve_device(device)

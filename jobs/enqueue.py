@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from jobs.services import broker_unavailable
+from specq.jobs.services import broker_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,8 @@ def enqueue_chunks(broker: str, chunks: Iterable[tuple[str, int, int]]) -> int:
     """Send one `process_chunk` task per chunk; returns how many. Raises ServiceUnavailableError."""
     from kombu.exceptions import KombuError, OperationalError
 
-    from worker.app import configure
-    from worker.constants import PROCESS_CHUNK_TASK
+    from specq.worker.app import configure
+    from specq.worker.constants import PROCESS_CHUNK_TASK
 
     app = configure(broker)
     sent = 0

@@ -16,10 +16,10 @@ from typing import IO, Any, Literal, NamedTuple
 
 from sqlalchemy import select
 
-from db.models import Job, Request, Result
-from db.session import Database
-from jobs.outputs import csv_row, openai_record, result_record, write_csv, write_jsonl
+from specq.db.models import Job, Request, Result
+from specq.db.session import Database
 from specq.errors import JobNotFoundError
+from specq.jobs.outputs import csv_row, openai_record, result_record, write_csv, write_jsonl
 
 ExportFormat = Literal["csv", "jsonl", "openai"]
 FORMATS: tuple[ExportFormat, ...] = ("csv", "jsonl", "openai")

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from decoding.config import DecodingConfig
-from decoding.stats import EngineStats
-from decoding.types import GenerationRequest, GenerationResult
-from jobs.inputs import InputLimits, RequestSpec, iter_request_specs, validate_file
-from jobs.outputs import result_record
-from jobs.params import sampling_params
+from specq.decoding.config import DecodingConfig
+from specq.decoding.stats import EngineStats
+from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.jobs.inputs import InputLimits, RequestSpec, iter_request_specs, validate_file
+from specq.jobs.outputs import result_record
+from specq.jobs.params import sampling_params
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,12 @@ def run_file(
     limits: InputLimits | None = None,
 ) -> RunSummary:
     """Generate for every line of `input_path` and write one JSON line per request to `output`."""
-    from models.loading import load_pair, resolve_device
+    from specq.models.loading import load_pair, resolve_device
 
     total = validate_file(input_path, limits)
     on_start(total)
     pair = load_pair(target, draft, resolve_device(device), dtype)
-    from decoding.engine import SpeculativeEngine
+    from specq.decoding.engine import SpeculativeEngine
 
     engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)
     summary = RunSummary(total=total, stats=engine.stats)
@@ -100,7 +100,7 @@ def run_file(
 
 def _prepare(key: int, spec: RequestSpec, tokenizer, defaults: dict[str, Any]) -> GenerationRequest | GenerationResult:
     """The engine request for one line; a line that cannot be prepared fails alone."""
-    from models.loading import tokenize_prompt
+    from specq.models.loading import tokenize_prompt
 
     try:
         params = sampling_params(defaults, spec.overrides)

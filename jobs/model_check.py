@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 def check_models(target: str, draft: str | None) -> None:
     """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing or differ."""
-    from models.loading import check_same_vocab, load_tokenizer
+    from specq.models.loading import check_same_vocab, load_tokenizer
 
     tokenizer = load_tokenizer(target)
     _check_config(target)

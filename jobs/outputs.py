@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
-from jobs.inputs import RequestSpec
+from specq.jobs.inputs import RequestSpec
 
 CSV_COLUMNS = (
     "id",

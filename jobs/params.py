@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from decoding.config import DecodingConfig
-from decoding.types import SamplingParams
+from specq.decoding.config import DecodingConfig
+from specq.decoding.types import SamplingParams
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 

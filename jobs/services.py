@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from db.session import mask_url
+from specq.db.session import mask_url
 from specq.errors import ServiceUnavailableError
-from worker.constants import BROKER_ENV
+from specq.worker.constants import BROKER_ENV
 
 
 def broker_url(url: str | None = None) -> str | None:

@@ -19,12 +19,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import Batch, Job, Worker
-from db.session import Database
-from db.states import JOB_TERMINAL, WorkerState
-from db.types import utcnow
+from specq.db.models import Batch, Job, Worker
+from specq.db.session import Database
+from specq.db.states import JOB_TERMINAL, WorkerState
+from specq.db.types import utcnow
 from specq.errors import JobNotFoundError
-from worker.settings import QueueSettings
+from specq.worker.settings import QueueSettings
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
-from db.states import RequestState
-from jobs.inputs import RequestSpec
+from specq.db.states import RequestState
+from specq.jobs.inputs import RequestSpec
 
 COLUMNS = ("job_id", "seq", "line", "custom_id", "kind", "prompt", "messages", "overrides", "state", "attempts")
 SQLITE_BATCH = 10_000  # rows per executemany call

@@ -27,17 +27,17 @@ from typing import Any
 
 from sqlalchemy import delete
 
-from db.models import Job
-from db.session import Database, open_database
-from db.states import JobState
-from db.types import utcnow
-from jobs.enqueue import enqueue_chunks, job_chunks
-from jobs.inputs import InputLimits, iter_request_specs
-from jobs.model_check import ModelCheck
-from jobs.services import check_broker
-from jobs.store import insert_requests
+from specq.db.models import Job
+from specq.db.session import Database, open_database
+from specq.db.states import JobState
+from specq.db.types import utcnow
 from specq.errors import BadInputError
-from worker.settings import DEFAULT_MAX_ATTEMPTS, QUEUE
+from specq.jobs.enqueue import enqueue_chunks, job_chunks
+from specq.jobs.inputs import InputLimits, iter_request_specs
+from specq.jobs.model_check import ModelCheck
+from specq.jobs.services import check_broker
+from specq.jobs.store import insert_requests
+from specq.worker.settings import DEFAULT_MAX_ATTEMPTS, QUEUE
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from db.session import Database
-from jobs.status import job_ended, job_status
+from specq.db.session import Database
+from specq.jobs.status import job_ended, job_status
 
 
 def wait_for_job(

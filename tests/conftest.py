@@ -25,7 +25,7 @@ from tests.services import (
 @pytest.fixture(scope="session")
 def demo_pair():
     """models.demo.DemoModels: target_dir, draft_dir and the build's report."""
-    from models.demo import build_demo_models
+    from specq.models.demo import build_demo_models
 
     return build_demo_models()
 
@@ -53,7 +53,7 @@ def pg_url():
         admin.execute(f'CREATE DATABASE "{name}"')
     base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
     yield f"{base}/{name}"
-    from db.session import dispose_all
+    from specq.db.session import dispose_all
 
     dispose_all()
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:

@@ -1,4 +1,4 @@
-"""Helpers of the fleet, recovery and hardening tests (and of bench/load_run.py's drills): restart the
+"""Helpers of the fleet, recovery and hardening tests (and of benchmarks/load_run.py's drills): restart the
 real services, wait for things.
 
 Both services are always left running, even when a restart fails half way (the start runs in a

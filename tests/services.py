@@ -27,7 +27,7 @@ def empty_database(db_url):
     """Migrate the database at `db_url` and empty every table of specq's."""
     from sqlalchemy import text
 
-    from db.session import open_database
+    from specq.db.session import open_database
 
     db = open_database(db_url)
     with db.engine.begin() as conn:
@@ -58,7 +58,7 @@ class SpecqWorker:
     """A real `specq worker` subprocess, logging to a file."""
 
     def __init__(self, env, log_path, device="cpu", metrics_port=None):
-        args = [sys.executable, "-c", "from cli.main import main; main()", "worker", "--device", device]
+        args = [sys.executable, "-c", "from specq.cli.main import main; main()", "worker", "--device", device]
         if metrics_port is not None:
             args += ["--metrics-port", str(metrics_port)]
         self.log_path = Path(log_path)
@@ -103,7 +103,7 @@ def invoke(args, env=None):
     """`specq ARGS` in-process (click's CliRunner); stdout and stderr apart in .stdout / .stderr."""
     from click.testing import CliRunner
 
-    from cli.main import _register, cli
+    from specq.cli.main import _register, cli
 
     _register()
     return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
@@ -119,7 +119,7 @@ def submit_job(env, path, *args):
 def count_rows(db_url, model):
     from sqlalchemy import func, select
 
-    from db.session import open_database
+    from specq.db.session import open_database
 
     with open_database(db_url).session() as session:
         return session.scalar(select(func.count()).select_from(model)) or 0
@@ -129,7 +129,7 @@ def request_states(session, job_id):
     """{state: how many of the job's requests are in it}."""
     from sqlalchemy import func, select
 
-    from db.models import Request
+    from specq.db.models import Request
 
     query = select(Request.state, func.count()).where(Request.job_id == job_id).group_by(Request.state)
     return dict(session.execute(query).all())
@@ -156,8 +156,8 @@ def wait_state(env, job_id, states, timeout=90.0):
 def reference_greedy(target_dir, lines):
     """{id: token ids} of the greedy lines, from the engine run directly on the target alone, one
     request at a time: what any batching, any draft and any worker must reproduce exactly."""
-    from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-    from models.loading import load_pair, tokenize_prompt
+    from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+    from specq.models.loading import load_pair, tokenize_prompt
 
     pair = load_pair(target_dir, None, "cpu", None)
     engine = SpeculativeEngine(pair.target, pair.tokenizer, None, DecodingConfig(batch_size=1))

@@ -10,8 +10,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bench.hf_baselines import completion_tokens
-from bench.runner import (
+from specq.bench.hf_baselines import completion_tokens
+from specq.bench.runner import (
     ROW_COLUMNS,
     RUNS,
     Run,
@@ -25,8 +25,8 @@ from bench.runner import (
     paired_ratio,
     per_token_acceptance,
 )
-from cli.bench import bench as bench_command
-from cli.main import cli
+from specq.cli.bench import bench as bench_command
+from specq.cli.main import cli
 
 
 # -- formulas -----------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def tiny_pair(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from models.demo import heldout_prompts
+    from specq.models.demo import heldout_prompts
 
     root = tmp_path_factory.mktemp("tiny-pair")
     backend = Tokenizer(models.BPE())

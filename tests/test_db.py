@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import InvalidRequestError
 
-from cli.main import _register, cli
-from db.migrate import SCHEMA_HEAD, alembic_config, current_revision, head_revision
-from db.models import Base, Batch, Job, Request, Result
-from db.session import mask_url, open_database
-from db.states import (
+from specq.cli.main import _register, cli
+from specq.db.migrate import SCHEMA_HEAD, alembic_config, current_revision, head_revision
+from specq.db.models import Base, Batch, Job, Request, Result
+from specq.db.session import mask_url, open_database
+from specq.db.states import (
     JOB_TERMINAL,
     JOB_TRANSITIONS,
     REQUEST_TRANSITIONS,
@@ -25,12 +25,12 @@ from db.states import (
     RequestState,
     job_sources,
 )
-from decoding.types import GenerationResult
-from jobs.inputs import RequestSpec
-from jobs.store import insert_requests
+from specq.decoding.types import GenerationResult
 from specq.errors import ServiceUnavailableError
-from worker.claims import claim_chunk, renew_leases, requeue_expired
-from worker.results import store_results
+from specq.jobs.inputs import RequestSpec
+from specq.jobs.store import insert_requests
+from specq.worker.claims import claim_chunk, renew_leases, requeue_expired
+from specq.worker.results import store_results
 
 _register()
 

@@ -15,8 +15,8 @@ import click
 import pytest
 import yaml
 
+from specq.worker.constants import CHUNK_QUEUE_KEY
 from tests.services import invoke
-from worker.constants import CHUNK_QUEUE_KEY
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -39,7 +39,7 @@ def interpolate(text: str, env: dict[str, str]) -> str:
 
 def check_specq_command(args: list[str]) -> None:
     """`args` (what follows `specq`) names a real command and parses with its real options."""
-    from cli.main import _register, cli
+    from specq.cli.main import _register, cli
 
     _register()
     if args == ["--help"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from tests.tiny_models import BOS, IdTokenizer, noisy_copy, reference_greedy, tiny_llama
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 import redis
 from sqlalchemy import func, select
 
-from db.models import Request, Result, Worker
-from db.session import open_database
+from specq.db.models import Request, Result, Worker
+from specq.db.session import open_database
+from specq.worker.recovery import chunks_in_broker, queued_chunks
 from tests.fleet_helpers import DRILL_ENV, pid_alive, wait_for
 from tests.services import (
     job_status,
@@ -36,7 +37,6 @@ from tests.services import (
     wait_state,
     write_requests,
 )
-from worker.recovery import chunks_in_broker, queued_chunks
 
 POISON = "POISON_PILL"
 
@@ -46,7 +46,7 @@ class Autoscaler:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         args = [
-            *(sys.executable, "-c", "from cli.main import main; main()", "autoscale"),
+            *(sys.executable, "-c", "from specq.cli.main import main; main()", "autoscale"),
             *("--min", "0", "--max", "2", "--devices", "cpu", "--cooldown", "2", "--interval", "0.5"),
             *("--backlog-per-worker", "8", "--grace", "60", "--log-dir", str(log_dir)),
         ]

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from specq.worker.autoscale.config import AutoscaleConfig, parse_devices
+from specq.worker.autoscale.policy import PolicyState, decide, desired_workers
+from specq.worker.autoscale.supervisor import Supervisor
 from tests.fleet_helpers import pid_alive, wait_for
-from worker.autoscale.config import AutoscaleConfig, parse_devices
-from worker.autoscale.policy import PolicyState, decide, desired_workers
-from worker.autoscale.supervisor import Supervisor
 
 CONFIG = AutoscaleConfig(min_workers=0, max_workers=4, backlog_per_worker=10, cooldown_s=30.0)
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from tests.tiny_models import IdTokenizer, noisy_copy, tiny_llama
 
 

@@ -21,10 +21,10 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from db.models import Job, Request, Result
+from specq.db.models import Job, Request, Result
+from specq.worker.constants import CHUNK_QUEUE, PROCESS_CHUNK_TASK
 from tests.fleet_helpers import wait_for
 from tests.services import REDIS_TEST_URL, SpecqWorker, count_rows, invoke, services_env, write_requests
-from worker.constants import CHUNK_QUEUE, PROCESS_CHUNK_TASK
 
 PASSWORD = "hunter2-s3cret"
 USER = "specq_hardening"
@@ -57,7 +57,7 @@ class Boom:
 
 def publish_pickle(broker: str, job_id: str, marker: str) -> None:
     """A Celery protocol-2 task message for a real chunk, its body pickled, put on the real queue."""
-    from worker.app import configure
+    from specq.worker.app import configure
 
     app = configure(broker)
     task_id = str(uuid.uuid4())
@@ -87,7 +87,7 @@ def test_pickle_refused_and_credentials_masked(secret_urls, tiny_pair, tmp_path)
     env = services_env(db_url, broker, tmp_path / "home")
     # a job stored but not enqueued (no broker for the submit): only the pickle message will name it
     path = write_requests(tmp_path / "in.jsonl", [PLAIN])
-    from jobs.submit import JobSpec, submit_job
+    from specq.jobs.submit import JobSpec, submit_job
 
     spec = JobSpec(target=tiny_pair[0], draft=None, decoding={"batch_size": 1}, sampling={})
     job_id = submit_job(path, spec, database_url=db_url, broker=None, models_checked=True).job_id
@@ -127,7 +127,7 @@ def test_pickle_refused_and_credentials_masked(secret_urls, tiny_pair, tmp_path)
 
 
 def open_db(url):
-    from db.session import open_database
+    from specq.db.session import open_database
 
     return open_database(url)
 

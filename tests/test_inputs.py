@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.inputs import RequestSpec, iter_request_specs, validate_file
 from specq.errors import BadInputError
+from specq.jobs.inputs import RequestSpec, iter_request_specs, validate_file
 
 
 def write_lines(path: Path, lines: list[object]) -> str:

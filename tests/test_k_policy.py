@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from decoding.k_policy import SpeculationPolicy
+from specq.decoding.k_policy import SpeculationPolicy
 
 
 def _drive(policy: SpeculationPolicy, rows: int, t_draft: float, t_target, acceptance: float, steps: int = 200):

@@ -11,10 +11,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import decoding.engine
-from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-from decoding.rejection import rejection_sample
-from decoding.sampling import sample_from_probs
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding import engine as decoding_engine
+from specq.decoding.rejection import rejection_sample
+from specq.decoding.sampling import sample_from_probs
 from tests.tiny_models import IdTokenizer, tiny_llama
 
 VOCAB, SAMPLES, PROMPT = 8, 12_000, (2, 5, 3)
@@ -101,5 +101,5 @@ def _recovers_from_the_target(draft_token_ids, draft_probs, target_probs, u_acce
 @pytest.mark.parametrize("wrong_sampler", [_keeps_rejected_drafts, _recovers_from_the_target])
 def test_the_same_test_rejects_a_wrong_sampler(models, monkeypatch, wrong_sampler):
     target, draft = models
-    monkeypatch.setattr(decoding.engine, "rejection_sample", wrong_sampler)
+    monkeypatch.setattr(decoding_engine, "rejection_sample", wrong_sampler)
     assert _pvalue(_sampled_joint(target, draft, 1.0), _exact_joint(target, 1.0)) < 1e-6

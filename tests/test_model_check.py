@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from jobs import model_check
-from jobs.model_check import ModelCheck, passed_before, remember_passed
 from specq.errors import ModelLoadError
+from specq.jobs import model_check
+from specq.jobs.model_check import ModelCheck, passed_before, remember_passed
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from models import demo
-from models.loading import load_model, load_pair, load_tokenizer, resolve_dtype, tokenize_prompt
 from specq.errors import ModelLoadError
+from specq.models import demo
+from specq.models.loading import load_model, load_pair, load_tokenizer, resolve_dtype, tokenize_prompt
 
 CODE_SAMPLES = [
     "def add(a, b):\n    return a + b\n",
@@ -114,7 +114,7 @@ def test_demo_greedy_output_is_not_one_token_repeated(demo_pair):
 
 
 def test_cli_demo_models_prints_dirs(demo_pair):
-    from cli.main import _register, cli
+    from specq.cli.main import _register, cli
 
     _register()
     result = CliRunner().invoke(cli, ["demo-models", str(demo_pair.target_dir.parent)])
@@ -124,13 +124,13 @@ def test_cli_demo_models_prints_dirs(demo_pair):
 
 
 def test_cli_module_does_not_import_torch():
-    code = "import sys, cli.main, cli.demo_models; print('torch' in sys.modules)"
+    code = "import sys, specq.cli.main, specq.cli.demo_models; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_cli_build_failure_exits_1(tmp_path, monkeypatch):
-    from cli.main import _register, cli
+    from specq.cli.main import _register, cli
 
     monkeypatch.setattr(demo, "corpus_files", lambda: [])  # a Python installed without its .py sources
     _register()
@@ -141,7 +141,7 @@ def test_cli_build_failure_exits_1(tmp_path, monkeypatch):
 
 
 def test_cli_bad_seed_is_a_usage_error(tmp_path):
-    from cli.main import _register, cli
+    from specq.cli.main import _register, cli
 
     _register()
     result = CliRunner().invoke(cli, ["demo-models", str(tmp_path), "--seed", "-1"])

@@ -6,9 +6,9 @@ import csv
 import io
 import json
 
-from decoding.types import GenerationResult
-from jobs.inputs import RequestSpec
-from jobs.outputs import CSV_COLUMNS, csv_row, openai_record, result_record, write_csv, write_jsonl
+from specq.decoding.types import GenerationResult
+from specq.jobs.inputs import RequestSpec
+from specq.jobs.outputs import CSV_COLUMNS, csv_row, openai_record, result_record, write_csv, write_jsonl
 
 COMPLETION = RequestSpec(1, "q1", "completion", "def add(a, b):", None, {})
 CHAT = RequestSpec(2, "c1", "chat", None, [{"role": "user", "content": "hi"}], {"max_tokens": 4})

@@ -19,9 +19,9 @@ import pytest
 from click.testing import Result as CliResult
 from sqlalchemy import func, select
 
-from cli.main import cli
-from db.models import Request, Result
-from db.session import open_database
+from specq.cli.main import cli
+from specq.db.models import Request, Result
+from specq.db.session import open_database
 from tests.services import (
     REDIS_TEST_URL,
     SpecqWorker,

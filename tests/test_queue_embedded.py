@@ -53,7 +53,7 @@ def test_embedded_postgres_without_wait(pg_db_url, tiny_pair, tmp_path) -> None:
 
 
 def test_bad_file_stores_nothing_in_sqlite(tiny_pair, tmp_path, sqlite_url) -> None:
-    from db.models import Job, Request
+    from specq.db.models import Job, Request
     from tests.services import count_rows
 
     path = write_requests(tmp_path / "bad.jsonl", [LINES[0], {"prompt": ""}, LINES[1]])

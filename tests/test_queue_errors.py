@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from db.models import Job, Request, Result
+from specq.db.models import Job, Request, Result
+from specq.worker.constants import CHUNK_QUEUE_KEY
 from tests.services import count_rows, invoke, job_status, services_env, submit_job, write_requests
-from worker.constants import CHUNK_QUEUE_KEY
 
 PLAIN = {"id": "p1", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
 
@@ -82,7 +82,7 @@ def test_model_check_beside_the_read_in_a_fresh_process(env, tiny_pair, tmp_path
     """The `specq` process has not imported transformers: the model check runs in a child while the file
     is read. A bad model wins over bad lines; a good one lets the bad lines be reported; nothing stored."""
     path = write_requests(tmp_path / "bad.jsonl", [PLAIN, "{oops"])
-    specq = [sys.executable, "-c", "from cli.main import main; main()", "submit", path]
+    specq = [sys.executable, "-c", "from specq.cli.main import main; main()", "submit", path]
     bad_model = subprocess.run([*specq, "--target", str(tmp_path / "nope")], env=env, capture_output=True, text=True)
     assert bad_model.returncode == 2, bad_model.stderr
     assert "cannot load the tokenizer" in bad_model.stderr and "not valid JSON" not in bad_model.stderr
@@ -178,20 +178,23 @@ def test_cancel_and_retry_on_the_store_and_queue(env, tiny_pair, tmp_path) -> No
 
 def test_help_needs_no_services_and_no_torch() -> None:
     bad = {"SPECQ_DATABASE_URL": "postgresql+psycopg://x@127.0.0.1:1/x", "SPECQ_BROKER_URL": "redis://127.0.0.1:1/0"}
-    code = "import sys; from cli.main import main; sys.argv = ['specq', '--help']; main()"
+    code = "import sys; from specq.cli.main import main; sys.argv = ['specq', '--help']; main()"
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **bad}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     for command in ("submit", "status", "export", "cancel", "retry", "worker", "workers", "db"):
         assert f"  {command} " in done.stdout, command
-    probe = "import sys, cli.main; cli.main._register(); print('torch' in sys.modules, 'sqlalchemy' in sys.modules)"
+    probe = (
+        "import sys, specq.cli.main; specq.cli.main._register(); "
+        "print('torch' in sys.modules, 'sqlalchemy' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.stdout.split() == ["False", "False"], done.stderr
 
 
 def test_celery_is_json_only_late_ack_prefetch_one() -> None:
-    from worker.app import app
-    from worker.constants import KEY_PREFIX
-    from worker.settings import QUEUE
+    from specq.worker.app import app
+    from specq.worker.constants import KEY_PREFIX
+    from specq.worker.settings import QUEUE
 
     conf = app.conf
     assert (conf.task_serializer, conf.result_serializer) == ("json", "json")

@@ -24,8 +24,8 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from db.models import Job, Request, Result
-from db.session import open_database
+from specq.db.models import Job, Request, Result
+from specq.db.session import open_database
 from tests.fleet_helpers import DRILL_ENV, restart_postgres, restart_redis, wait_for
 from tests.services import (
     REDIS_TEST_URL,

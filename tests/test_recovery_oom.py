@@ -14,11 +14,11 @@ import logging
 import pytest
 from sqlalchemy import select
 
-from db.models import Batch
-from db.session import open_database
+from specq.db.models import Batch
+from specq.db.session import open_database
+from specq.worker import faults
+from specq.worker.chunk import is_out_of_memory
 from tests.services import invoke, write_requests
-from worker import faults
-from worker.chunk import is_out_of_memory
 
 LINES = [{"id": f"q{i}", "prompt": f"def g{i}(y):", "max_tokens": 8, "temperature": 0} for i in range(6)]
 
@@ -47,7 +47,7 @@ def _target(tiny_pair):
 def test_batches_split_until_they_fit(tmp_path, monkeypatch, caplog) -> None:
     _, expected, _ = run_embedded(tmp_path, "plain", {})
     monkeypatch.setenv(faults.OOM_ABOVE_ENV, "2")
-    with caplog.at_level(logging.WARNING, logger="worker.chunk"):
+    with caplog.at_level(logging.WARNING, logger="specq.worker.chunk"):
         job_id, records, db_url = run_embedded(tmp_path, "oom", {})
     assert "out of memory" in caplog.text and "at batch size 4" in caplog.text and "at batch size 2" in caplog.text
     keys = ("id", "completion", "finish_reason", "completion_tokens", "error")

@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from decoding.rejection import greedy_accept, rejection_sample
-from decoding.sampling import sample_from_probs
+from specq.decoding.rejection import greedy_accept, rejection_sample
+from specq.decoding.sampling import sample_from_probs
 
 
 def _one_row(draft_tokens, draft_probs, target_probs, accept_u, target_u, num_draft=None):

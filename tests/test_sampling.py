@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from scipy.stats import kstest
 
-from decoding.sampling import SamplingTensors, Stream, counter_uniforms, logits_to_probs, sample_from_probs
+from specq.decoding.sampling import SamplingTensors, Stream, counter_uniforms, logits_to_probs, sample_from_probs
 
 
 def _sampling(temperature, top_p, top_k, seeds=None):

@@ -87,7 +87,7 @@ TINY_CORPUS = (
 def save_tiny_pair(root: Path) -> tuple[str, str]:
     """(target_dir, draft_dir) under `root`: a byte-level BPE tokenizer (320 tokens, with a chat template)
     and two tiny random Llamas, the draft a noisy copy of the target, as `from_pretrained` folders;
-    seconds to build. The pair the queue tests and `bench/load_run.py` run real workers on."""
+    seconds to build. The pair the queue tests and `benchmarks/load_run.py` run real workers on."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

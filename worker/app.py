@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from worker import broker_transport
-from worker.constants import (
+from specq.worker import broker_transport
+from specq.worker.constants import (
     CHUNK_QUEUE,
     KEY_PREFIX,
     PROCESS_CHUNK_TASK,
@@ -17,7 +17,7 @@ from worker.constants import (
     UNACKED_KEY,
     UNACKED_MUTEX_KEY,
 )
-from worker.settings import QUEUE
+from specq.worker.settings import QUEUE
 
 broker_transport.install()  # a worker must keep consuming after Redis restarts mid-task
 app = Celery("specq", set_as_current=False)

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import update
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
-from db.models import Job, Worker
-from db.session import Database
-from db.states import JobState, WorkerState
-from db.types import utcnow
-from decoding.stats import EngineStats
-from decoding.types import GenerationRequest, GenerationResult, SamplingParams
-from jobs.params import decoding_config, sampling_params
-from worker import faults
-from worker.claims import (
+from specq.db.models import Job, Worker
+from specq.db.session import Database
+from specq.db.states import JobState, WorkerState
+from specq.db.types import utcnow
+from specq.decoding.stats import EngineStats
+from specq.decoding.types import GenerationRequest, GenerationResult, SamplingParams
+from specq.jobs.params import decoding_config, sampling_params
+from specq.worker import faults
+from specq.worker.claims import (
     ClaimedRequest,
     cancel_claimed,
     claim_chunk,
@@ -46,14 +46,14 @@ from worker.claims import (
     max_attempts,
     release_claimed,
 )
-from worker.model_cache import ModelCache
-from worker.results import end_batch, start_batch, store_results
-from worker.settings import QUEUE, QueueSettings
+from specq.worker.model_cache import ModelCache
+from specq.worker.results import end_batch, start_batch, store_results
+from specq.worker.settings import QUEUE, QueueSettings
 
 if TYPE_CHECKING:
-    from decoding.k_policy import SpeculationPolicy
-    from models.loading import ModelPair
-    from worker.metrics import WorkerMetrics
+    from specq.decoding.k_policy import SpeculationPolicy
+    from specq.models.loading import ModelPair
+    from specq.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def _prepare(
     pair: ModelPair, claimed: list[ClaimedRequest], defaults: dict[str, Any]
 ) -> tuple[list[_Prepared], list[GenerationResult]]:
     """Tokenize and resolve sampling settings; a request that cannot be prepared fails alone."""
-    from models.loading import tokenize_prompt
+    from specq.models.loading import tokenize_prompt
 
     ready, failed = [], []
     for request in claimed:
@@ -266,7 +266,7 @@ def _generate_group(
     """Run one group through the engine, splitting the batch on out-of-memory errors; returns the
     request ids it did not finish (the job was cancelled, or the worker is stopping). Ids marked started
     but never handed to the engine are added to `unstarted`."""
-    from decoding.engine import SpeculativeEngine
+    from specq.decoding.engine import SpeculativeEngine
 
     config = decoding_config(job.settings)
     batch_size = config.batch_size
@@ -457,7 +457,7 @@ def _give_back(ctx: WorkerContext, chunk: tuple[str, int, int], request_ids: lis
         with ctx.db.session() as session:
             released = release_claimed(session, request_ids, unstarted, ctx.name)
             if released and ctx.broker is not None:
-                from jobs.enqueue import enqueue_chunks
+                from specq.jobs.enqueue import enqueue_chunks
 
                 enqueue_chunks(ctx.broker, [chunk])
     except Exception as exc:

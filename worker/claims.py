@@ -21,12 +21,12 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Job, Request
-from db.states import JobState, RequestState, job_sources, request_sources
-from db.types import utcnow
-from decoding.types import GenerationResult
-from worker.results import store_results
-from worker.settings import DEFAULT_MAX_ATTEMPTS
+from specq.db.models import Job, Request
+from specq.db.states import JobState, RequestState, job_sources, request_sources
+from specq.db.types import utcnow
+from specq.decoding.types import GenerationResult
+from specq.worker.results import store_results
+from specq.worker.settings import DEFAULT_MAX_ATTEMPTS
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ from redis.exceptions import RedisError
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
-from db.models import Worker
-from db.states import WorkerState
-from db.types import utcnow
+from specq.db.models import Worker
+from specq.db.states import WorkerState
+from specq.db.types import utcnow
 from specq.errors import SpecqError
-from worker.chunk import WorkerContext
-from worker.claims import release_claimed, renew_leases, requeue_expired
-from worker.recovery import lost_chunks
+from specq.worker.chunk import WorkerContext
+from specq.worker.claims import release_claimed, renew_leases, requeue_expired
+from specq.worker.recovery import lost_chunks
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Heartbeat:
     def give_back_abandoned(self) -> int:
         """Put back in the queue the claims of chunks a database error cut short (their tasks retry,
         perhaps on another worker, which could not claim them while this one held the leases)."""
-        from jobs.enqueue import enqueue_chunks
+        from specq.jobs.enqueue import enqueue_chunks
 
         ctx = self.ctx
         with ctx.claims_lock:
@@ -137,7 +137,7 @@ class Heartbeat:
     def sweep(self) -> int:
         """Requeue requests of dead workers, and chunks the broker lost; returns the number of chunks
         enqueued again."""
-        from jobs.enqueue import enqueue_chunks
+        from specq.jobs.enqueue import enqueue_chunks
 
         assert self.broker is not None
         with self.ctx.db.session() as session:

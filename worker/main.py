@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import logging
 
-from db.session import mask_url, open_database
-from jobs.services import check_broker
-from models.loading import resolve_device
-from worker.chunk import WorkerContext
-from worker.constants import CHUNK_QUEUE
-from worker.heartbeat import Heartbeat, register_worker, unregister_worker
-from worker.model_cache import ModelCache
-from worker.runtime import set_context, worker_name
-from worker.settings import QUEUE
+from specq.db.session import mask_url, open_database
+from specq.jobs.services import check_broker
+from specq.models.loading import resolve_device
+from specq.worker.chunk import WorkerContext
+from specq.worker.constants import CHUNK_QUEUE
+from specq.worker.heartbeat import Heartbeat, register_worker, unregister_worker
+from specq.worker.model_cache import ModelCache
+from specq.worker.runtime import set_context, worker_name
+from specq.worker.settings import QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def run_worker(
     resolved = resolve_device(device)
     metrics = None
     if metrics_port is not None:
-        from worker.metrics import WorkerMetrics
+        from specq.worker.metrics import WorkerMetrics
 
         metrics = WorkerMetrics.create()
         metrics.serve(metrics_port)
@@ -68,8 +68,8 @@ def run_worker(
 
     from celery import signals
 
-    from worker.app import configure
-    from worker.tasks import process_chunk  # noqa: F401  (registers the task on the app)
+    from specq.worker.app import configure
+    from specq.worker.tasks import process_chunk  # noqa: F401  (registers the task on the app)
 
     def on_shutdown(**_kwargs: object) -> None:
         # runs in the signal handler: only set a flag; the chunk in hand reads it between requests

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from decoding.stats import EngineStats
+from specq.decoding.stats import EngineStats
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from models.loading import ModelPair
+    from specq.models.loading import ModelPair
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class ModelCache:
         self._lock = threading.Lock()
 
     def get(self, target: str, draft: str | None, dtype: str | None, device: str) -> ModelPair:
-        from models.loading import load_pair
+        from specq.models.loading import load_pair
 
         key = (target, draft, dtype, device)
         with self._lock:

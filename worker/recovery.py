@@ -24,10 +24,10 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from db.models import Job, Request
-from db.states import JobState, RequestState
-from db.types import utcnow
-from worker.constants import CHUNK_QUEUE_KEY, KEY_PREFIX, PROCESS_CHUNK_TASK, UNACKED_KEY
+from specq.db.models import Job, Request
+from specq.db.states import JobState, RequestState
+from specq.db.types import utcnow
+from specq.worker.constants import CHUNK_QUEUE_KEY, KEY_PREFIX, PROCESS_CHUNK_TASK, UNACKED_KEY
 
 log = logging.getLogger(__name__)
 

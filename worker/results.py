@@ -16,11 +16,11 @@ from sqlalchemy import insert, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from db.models import Batch, Job, Request, Result
-from db.states import JobState, RequestState, job_sources
-from db.types import utcnow
-from decoding.stats import EngineStats
-from decoding.types import GenerationResult
+from specq.db.models import Batch, Job, Request, Result
+from specq.db.states import JobState, RequestState, job_sources
+from specq.db.types import utcnow
+from specq.decoding.stats import EngineStats
+from specq.decoding.types import GenerationResult
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ import logging
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from worker.app import app
-from worker.chunk import run_chunk_patiently
-from worker.constants import PROCESS_CHUNK_TASK
-from worker.runtime import get_context
+from specq.worker.app import app
+from specq.worker.chunk import run_chunk_patiently
+from specq.worker.constants import PROCESS_CHUNK_TASK
+from specq.worker.runtime import get_context
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from db.models import Base
-from db.session import resolve_url
+from specq.db.models import Base
+from specq.db.session import resolve_url
 
 config = context.config
 target_metadata = Base.metadata

@@ -24,12 +24,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from db.models import Job, Worker
-from db.session import Database, open_database
-from db.states import JobState, WorkerState
-from worker.autoscale.config import AutoscaleConfig
-from worker.autoscale.policy import Decision, PolicyState, decide
-from worker.autoscale.supervisor import Supervisor
+from specq.db.models import Job, Worker
+from specq.db.session import Database, open_database
+from specq.db.states import JobState, WorkerState
+from specq.worker.autoscale.config import AutoscaleConfig
+from specq.worker.autoscale.policy import Decision, PolicyState, decide
+from specq.worker.autoscale.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,9 @@ def run_autoscaler(
     """`specq autoscale`: check the services, then scale until SIGTERM. Raises ServiceUnavailableError."""
     import redis
 
-    from jobs.services import check_broker
+    from specq.jobs.services import check_broker
     from specq.masking import register_urls
-    from worker.constants import CHUNK_QUEUE_KEY
+    from specq.worker.constants import CHUNK_QUEUE_KEY
 
     register_urls(database_url, broker)
     db = open_database(database_url)

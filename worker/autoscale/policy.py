@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.autoscale.config import AutoscaleConfig
+from specq.worker.autoscale.config import AutoscaleConfig
 
 
 @dataclass(frozen=True)

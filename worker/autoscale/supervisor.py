@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from worker.autoscale.config import AutoscaleConfig
+from specq.worker.autoscale.config import AutoscaleConfig
 
 log = logging.getLogger(__name__)
 
-# `specq worker` without relying on the console script being on PATH
-WORKER_COMMAND = (sys.executable, "-c", "from cli.main import main; main()", "worker")
+# `specq worker` without relying on the console script being on PATH; -P keeps the folder the
+# autoscaler runs in off sys.path, so a user's own `models.py` or `db/` there is never imported
+WORKER_COMMAND = (sys.executable, "-P", "-m", "specq", "worker")
 
 
 def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from db.types import BigId, UTCDateTime
+from specq.db.types import BigId, UTCDateTime
 
 revision: str = "0001"
 down_revision: str | None = None

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from db.types import UTCDateTime
+from specq.db.types import UTCDateTime
 
 revision: str = "0002"
 down_revision: str | None = "0001"

@@ -1,6 +1,6 @@
 """Where the time of plain decoding goes, specq target-only against HF batched `generate`, alternating.
 
-    python bench/forward_profile.py [--prompts 12] [--batch-size 1] [--rounds 2]
+    python benchmarks/forward_profile.py [--prompts 12] [--batch-size 1] [--rounds 2]
 
 Every call of the target's `forward` is timed (prefill calls, with more than one token a row, apart
 from single-token decode calls); what is left of each pass's wall time is bookkeeping outside the
@@ -24,11 +24,11 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-    from bench import hf_baselines
-    from bench.runner import prompt_token_ids
-    from decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-    from models.demo import build_demo_models
-    from models.loading import load_pair
+    from specq.bench import hf_baselines
+    from specq.bench.runner import prompt_token_ids
+    from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+    from specq.models.demo import build_demo_models
+    from specq.models.loading import load_pair
 
     demo = build_demo_models()
     pair = load_pair(str(demo.target_dir), None, "cpu", None)

@@ -1,10 +1,10 @@
 """The queue under load, and its failure drills: what `docs/benchmarks.md` ("Queue load run") and
 `docs/reliability.md` report, reproducible with one command each.
 
-    python bench/load_run.py load   [--requests 20000] [--workers 2]   # throughput, queue overhead
-    python bench/load_run.py drills [--requests 3000] [--fast]         # kill -9, Redis and PostgreSQL restarts
-    python bench/load_run.py submit [--requests 1000000]              # submit lines/s and peak memory
-    python bench/load_run.py warm   [--requests 256]                  # a warmed worker against `specq run`
+    python benchmarks/load_run.py load   [--requests 20000] [--workers 2]   # throughput, queue overhead
+    python benchmarks/load_run.py drills [--requests 3000] [--fast]         # kill -9, Redis and PostgreSQL restarts
+    python benchmarks/load_run.py submit [--requests 1000000]              # submit lines/s and peak memory
+    python benchmarks/load_run.py warm   [--requests 256]                  # a warmed worker against `specq run`
 
 Each run gets a throwaway PostgreSQL database (created on `--pg-admin-url`, dropped at the end) and
 Redis database `--redis-db` (flushed before and after), real `specq worker` processes on the CPU, and
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SPECQ = (sys.executable, "-c", "from cli.main import main; main()")
+SPECQ = (sys.executable, "-P", "-m", "specq")
 
 
 def say(message: str) -> None:
@@ -52,7 +52,7 @@ def say(message: str) -> None:
 # -- models --------------------------------------------------------------------------------------------
 def model_pair(kind: str, root: Path) -> tuple[str, str]:
     if kind == "demo":
-        from models.demo import build_demo_models
+        from specq.models.demo import build_demo_models
 
         demo = build_demo_models()
         return str(demo.target_dir), str(demo.draft_dir)
@@ -86,7 +86,7 @@ class Services:
         import psycopg
         import redis
 
-        from db.session import dispose_all
+        from specq.db.session import dispose_all
 
         dispose_all()
         with psycopg.connect(self.admin_url, autocommit=True) as admin:
@@ -189,8 +189,8 @@ def counts(db_url: str, job_id: str) -> dict[str, Any]:
     """The job's row, its requests by state, and its results: what was lost or duplicated."""
     from sqlalchemy import func, select
 
-    from db.models import Batch, Job, Request, Result
-    from db.session import open_database
+    from specq.db.models import Batch, Job, Request, Result
+    from specq.db.session import open_database
 
     with open_database(db_url).session() as session:
         job = session.get_one(Job, job_id)
@@ -230,8 +230,8 @@ def counts(db_url: str, job_id: str) -> dict[str, Any]:
 
 
 def progress(db_url: str, job_id: str) -> tuple[str, int]:
-    from db.models import Job
-    from db.session import open_database
+    from specq.db.models import Job
+    from specq.db.session import open_database
 
     with open_database(db_url).session() as session:
         job = session.get_one(Job, job_id)
@@ -273,7 +273,7 @@ def load(args: argparse.Namespace) -> None:
         f"""
 ## Queue load run
 
-`python bench/load_run.py load --requests {args.requests} --workers {args.workers} --models {args.models}`
+`python benchmarks/load_run.py load --requests {args.requests} --workers {args.workers} --models {args.models}`
 ({time.strftime("%Y-%m-%d")}; {os.cpu_count()} CPU cores, load average {load_avg[0]:.1f} at the end;
 PostgreSQL and Redis on the same machine; {args.workers} `specq worker --device cpu` processes, one
 thread each; greedy requests of 2 to 4 tokens, batch size {args.batch_size}, chunks of
@@ -301,7 +301,7 @@ def timed_submit(env: dict[str, str], path: Path, target: str, draft: str) -> tu
     # models loaded) memory at the fork
     probe = (
         "import re, resource, sys\n"
-        "from cli.main import main\n"
+        "from specq.cli.main import main\n"
         "try:\n    main()\nfinally:\n"
         "    own = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
         "    print(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
@@ -316,7 +316,7 @@ def timed_submit(env: dict[str, str], path: Path, target: str, draft: str) -> tu
 
 def submit_rate(args: argparse.Namespace) -> None:
     """`specq submit` into PostgreSQL + Redis with no worker running: lines/s and peak memory at two sizes."""
-    from jobs.model_check import PASSED_FILE
+    from specq.jobs.model_check import PASSED_FILE
 
     work = Path(tempfile.mkdtemp(prefix="specq_submit_"))
     services = Services(args.pg_admin_url, args.redis_url)
@@ -350,7 +350,7 @@ def submit_rate(args: argparse.Namespace) -> None:
         f"""
 ## Submit throughput
 
-`python bench/load_run.py submit --requests {args.requests}` ({time.strftime("%Y-%m-%d %H:%M")}; {os.cpu_count()}
+`python benchmarks/load_run.py submit --requests {args.requests}` ({time.strftime("%Y-%m-%d %H:%M")}; {os.cpu_count()}
 CPU cores, load average {os.getloadavg()[0]:.1f} at the end; PostgreSQL and Redis on the same machine; no
 worker running). One `specq submit` process per file: validate every line, store (COPY), enqueue the
 chunks, on a fresh database each time. The model check (both tokenizers and configs) runs in a child
@@ -368,7 +368,7 @@ file shows the fixed cost (interpreter, imports, the schema migration, and the c
 def warm(args: argparse.Namespace) -> None:
     """One job through one warmed `specq worker` (models loaded, one small job done) against `specq run` on
     the same file, same models, batch size and threads: the queue path's whole cost for a user."""
-    from models.demo import heldout_prompts
+    from specq.models.demo import heldout_prompts
 
     work = Path(tempfile.mkdtemp(prefix="specq_warm_"))
     services = Services(args.pg_admin_url, args.redis_url)
@@ -406,11 +406,12 @@ def warm(args: argparse.Namespace) -> None:
         f"""
 ## A warmed worker against `specq run`
 
-`python bench/load_run.py warm --requests {args.requests} --models {args.models}` ({time.strftime("%Y-%m-%d %H:%M")};
-{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the end; {args.requests} greedy held-out code
-prompts, max_tokens 64, batch size {args.batch_size}, {threads} torch threads in both). The worker had loaded
-the models and finished an {args.batch_size}-request job before; the queue time runs from the start of
-`specq submit` to the job's end as PostgreSQL records it; `specq run` includes loading the models.
+`python benchmarks/load_run.py warm --requests {args.requests} --models {args.models}`
+({time.strftime("%Y-%m-%d %H:%M")}; {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the end;
+{args.requests} greedy held-out code prompts, max_tokens 64, batch size {args.batch_size}, {threads} torch threads
+in both). The worker had loaded the models and finished an {args.batch_size}-request job before; the queue time
+runs from the start of `specq submit` to the job's end as PostgreSQL records it; `specq run` includes loading the
+models.
 
 | | seconds | |
 | --- | ---: | --- |
@@ -435,8 +436,8 @@ class Drill:
 def owner_count(db_url: str, job_id: str, owner_pid: int) -> int:
     from sqlalchemy import func, select
 
-    from db.models import Request
-    from db.session import open_database
+    from specq.db.models import Request
+    from specq.db.session import open_database
 
     with open_database(db_url).session() as session:
         return (
@@ -450,8 +451,8 @@ def owner_count(db_url: str, job_id: str, owner_pid: int) -> int:
 
 
 def drills(args: argparse.Namespace) -> None:
+    from specq.worker.settings import QueueSettings
     from tests.fleet_helpers import DRILL_ENV
-    from worker.settings import QueueSettings
 
     work = Path(tempfile.mkdtemp(prefix="specq_drills_"))
     services = Services(args.pg_admin_url, args.redis_url)
@@ -544,7 +545,7 @@ def redis_drill(args: argparse.Namespace, services: Services, start_job: Any, re
     began = time.monotonic()
     down_s = restart_redis()
     client = redis.Redis.from_url(services.redis_url)
-    from worker.constants import CHUNK_QUEUE_KEY
+    from specq.worker.constants import CHUNK_QUEUE_KEY
 
     def moving_again() -> bool:
         try:
@@ -596,7 +597,7 @@ def report_drills(args: argparse.Namespace, settings: Any, baseline: float, resu
     mode = "--fast (lease 3 s, heartbeat 0.5 s, sweep 1 s)" if args.fast else "the default timings"
     print(
         f"""
-### Drills: `python bench/load_run.py drills --requests {args.requests}{" --fast" if args.fast else ""}`
+### Drills: `python benchmarks/load_run.py drills --requests {args.requests}{" --fast" if args.fast else ""}`
 
 ({time.strftime("%Y-%m-%d")}; two `specq worker --device cpu` processes, {mode}: heartbeat
 {settings.heartbeat_s:g} s, lease {settings.lease_s:g} s, sweep {settings.sweep_s:g} s, lost-message check after

@@ -1,0 +1,203 @@
+"""The installed shape of specq: one import name, one-way imports, and commands that a user's own folder
+cannot hijack.
+
+- A wheel built from the repository has `specq` (and its dist-info) alone at its root: no generic `cli`,
+  `db`, `models` ... beside a user's packages.
+- The parts import one way (ALLOWED below) and no module imports itself back through others, so opening
+  the database cannot run a migration behind a read-only command's back.
+- Every command, and every worker `specq autoscale` starts, works from a folder holding decoy `cli/`,
+  `db/`, `jobs/`, `worker/`, `models.py` and `decoding.py` that raise on import.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.fleet_helpers import pid_alive, wait_for
+from tests.services import services_env, write_requests
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "specq"
+SPECQ = Path(sys.executable).parent / "specq"  # the console script pip installed
+
+# What each part may import; anything else is a flow against the layering. "core" is specq's own
+# top-level modules (errors, paths, masking, the queue's shared names).
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "db": {"core"},
+    "decoding": {"core"},
+    "models": {"core", "decoding"},
+    "jobs": {"core", "db", "decoding", "models"},
+    "worker": {"core", "db", "decoding", "models", "jobs"},
+    "bench": {"core", "decoding", "models", "jobs"},
+    "cli": {"core", "db", "decoding", "models", "jobs", "worker", "bench"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    """{dotted name: file} of every module of the package, through the links to the top-level folders."""
+    found = {}
+    for folder, _, names in os.walk(PACKAGE, followlinks=True):
+        for name in names:
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                dotted = ".".join(path.relative_to(REPO).with_suffix("").parts)
+                found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """{module: the specq modules it imports}, lazy imports inside functions included."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("specq"):
+                targets.add(node.module)
+                targets.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    if module == "specq.__main__":
+        return "cli"
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else "core"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_parts_import_one_way() -> None:
+    graph = _imports(_modules())
+    against = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if _part(target) != _part(module) and _part(target) not in ALLOWED[_part(module)]
+    )
+    assert against == []
+
+
+def test_no_import_circle() -> None:
+    assert _cycles(_imports(_modules())) == []
+
+
+def test_wheel_installs_specq_alone(tmp_path) -> None:
+    build = "from setuptools import build_meta; print(build_meta.build_wheel(__import__('sys').argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    wheel = tmp_path / done.stdout.strip().splitlines()[-1]
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names} == {"specq", wheel.name.split("-")[0] + "-0.1.0.dist-info"}
+    assert "specq/db/migrations/versions/0001_initial_schema.py" in names
+    assert "specq/cli/main.py" in names
+
+
+# -- decoys ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def decoy_folder(tmp_path) -> Path:
+    """A user's project folder whose generic module names would shadow specq's if it ever imported them."""
+    folder = tmp_path / "project"
+    for package in ("cli", "db", "jobs", "worker"):
+        (folder / package).mkdir(parents=True)
+        (folder / package / "__init__.py").write_text(f"raise ImportError('decoy {package} imported')\n")
+    for module in ("models", "decoding"):
+        (folder / f"{module}.py").write_text(f"raise ImportError('decoy {module} imported')\n")
+    return folder
+
+
+def _specq(args: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(SPECQ), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    if check:
+        assert done.returncode == 0, f"specq {' '.join(args)}: {done.stderr}"
+    assert "decoy" not in done.stderr, done.stderr
+    return done
+
+
+def test_embedded_commands_ignore_decoys(decoy_folder, tiny_pair, tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
+    env.update(SPECQ_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", PYTHONPATH=str(decoy_folder))
+    lines = [{"id": f"q{i}", "prompt": f"def f{i}(x):", "max_tokens": 4, "temperature": 0} for i in range(3)]
+    path = write_requests(decoy_folder / "in.jsonl", lines)
+    models = ["--target", tiny_pair[0], "--draft", tiny_pair[1]]
+
+    _specq(["--help"], decoy_folder, env)
+    _specq(["db", "upgrade"], decoy_folder, env)
+    _specq(["run", path, "-o", "out.jsonl", *models], decoy_folder, env)
+    assert len((decoy_folder / "out.jsonl").read_text().splitlines()) == 3
+    job_id = _specq(["submit", path, *models, "--wait"], decoy_folder, env).stdout.strip()
+    status = json.loads(_specq(["status", job_id, "--json"], decoy_folder, env).stdout)
+    assert (status["state"], status["completed"]) == ("completed", 3)
+    _specq(["export", job_id, "-o", "out.csv"], decoy_folder, env)
+    assert (decoy_folder / "out.csv").read_text().count("\n") >= 4
+    _specq(["workers", "--json"], decoy_folder, env)
+
+
+def test_autoscaled_workers_ignore_decoys(decoy_folder, pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
+    env = services_env(pg_db_url, redis_url, tmp_path / "home", PYTHONPATH=str(decoy_folder))
+    lines = [{"id": f"q{i}", "prompt": f"class C{i}:", "max_tokens": 4, "temperature": 0} for i in range(4)]
+    path = write_requests(decoy_folder / "in.jsonl", lines)
+    job_id = _specq(["submit", path, "--target", tiny_pair[0]], decoy_folder, env).stdout.strip()
+    args = ["autoscale", "--min", "1", "--max", "1", "--devices", "cpu", "--interval", "0.5"]
+    log_path = tmp_path / "autoscale.log"
+    with open(log_path, "wb") as log:
+        scaler = subprocess.Popen([str(SPECQ), *args, "--log-dir", "logs"], cwd=decoy_folder, env=env, stderr=log)
+    try:
+        done = wait_for(
+            lambda: json.loads(_specq(["status", job_id, "--json"], decoy_folder, env).stdout)["state"] == "completed",
+            120,
+            "the job completed by an autoscaled worker",
+            poll=0.5,
+        )
+        assert done
+    finally:
+        scaler.send_signal(signal.SIGTERM)
+        scaler.wait(90)
+    output = log_path.read_text() + "".join(p.read_text() for p in (decoy_folder / "logs").glob("*.log"))
+    assert "decoy" not in output, output
+    assert scaler.returncode == 0, output
+    assert not pid_alive(scaler.pid)
