@@ -51,8 +51,8 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
         if broker is not None:
             enqueue_chunks(broker, outcome.chunks)
             return
-        from specq.jobs.embedded import run_chunks_here
         from specq.jobs.status import job_status
+        from specq.worker.embedded import run_chunks_here
 
         run_chunks_here(db, outcome.chunks, device or outcome.device)
         status = job_status(db, job)

@@ -86,7 +86,7 @@ def submit(
     worker: threading.Thread | None = None
     failure: list[BaseException] = []
     if submitted.embedded:
-        from specq.jobs.embedded import run_chunks_here
+        from specq.worker.embedded import run_chunks_here
 
         def work() -> None:
             try:

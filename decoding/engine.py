@@ -209,7 +209,7 @@ class SpeculativeEngine:
             request = self._with_start_token(request)
             problem = self._problem(request)
             if problem:
-                failures.append(_failed(request, problem))
+                failures.append(GenerationResult.failed(request.key, problem, len(request.prompt_token_ids)))
             else:
                 admitted.append(request)
         return admitted, failures, False
@@ -663,18 +663,6 @@ class SpeculativeEngine:
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-def _failed(request: GenerationRequest, error: str) -> GenerationResult:
-    return GenerationResult(
-        key=request.key,
-        token_ids=[],
-        text="",
-        finish_reason=None,
-        prompt_tokens=len(request.prompt_token_ids),
-        completion_tokens=0,
-        error=error,
-    )
-
-
 def _check_probs(probs: torch.Tensor) -> None:
     total = probs.sum(-1)
     assert torch.allclose(total, torch.ones_like(total), atol=1e-4), "probabilities do not sum to 1"

@@ -58,3 +58,8 @@ class GenerationResult:
     seed: int | None = None
     latency_s: float = 0.0
     error: str | None = None
+
+    @classmethod
+    def failed(cls, key: int, error: str, prompt_tokens: int = 0) -> GenerationResult:
+        """The result of a request that ended with `error` and no completion: the one way to fail one."""
+        return cls(key, [], "", None, prompt_tokens, 0, error=error)

@@ -106,15 +106,7 @@ def _prepare(key: int, spec: RequestSpec, tokenizer, defaults: dict[str, Any]) -
         params = sampling_params(defaults, spec.overrides)
         prompt_ids = tokenize_prompt(tokenizer, prompt=spec.prompt, messages=spec.messages)
     except Exception as exc:  # a chat template that fails to render, say
-        return GenerationResult(
-            key=key,
-            token_ids=[],
-            text="",
-            finish_reason=None,
-            prompt_tokens=0,
-            completion_tokens=0,
-            error=f"cannot prepare the request: {exc}",
-        )
+        return GenerationResult.failed(key, f"cannot prepare the request: {exc}")
     return GenerationRequest(key, tuple(prompt_ids), params)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,9 +126,13 @@ def test_no_import_circle() -> None:
 
 
 def test_wheel_installs_specq_alone(tmp_path) -> None:
+    # built from a copy, so no build/ folder of an earlier build (stale modules included) takes part
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+    shutil.copytree(REPO, source, symlinks=True, ignore=skip)
     build = "from setuptools import build_meta; print(build_meta.build_wheel(__import__('sys').argv[1]))"
     done = subprocess.run(
-        [sys.executable, "-c", build, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", build, str(tmp_path)], cwd=source, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     wheel = tmp_path / done.stdout.strip().splitlines()[-1]

@@ -99,12 +99,6 @@ class _Prepared:
     params: SamplingParams
 
 
-def _failure(request_id: int, message: str) -> GenerationResult:
-    return GenerationResult(
-        key=request_id, token_ids=[], text="", finish_reason=None, prompt_tokens=0, completion_tokens=0, error=message
-    )
-
-
 def _prepare(
     pair: ModelPair, claimed: list[ClaimedRequest], defaults: dict[str, Any]
 ) -> tuple[list[_Prepared], list[GenerationResult]]:
@@ -117,7 +111,7 @@ def _prepare(
             params = sampling_params(defaults, request.overrides)
             ids = tokenize_prompt(pair.tokenizer, prompt=request.prompt, messages=request.messages)
         except Exception as exc:  # a chat template that fails to render, settings out of range, ...
-            failed.append(_failure(request.id, f"cannot prepare the request: {exc}"))
+            failed.append(GenerationResult.failed(request.id, f"cannot prepare the request: {exc}"))
             continue
         ready.append(_Prepared(request, tuple(ids), params))
     return ready, failed
@@ -306,7 +300,7 @@ def _generate_group(
                 # with the reason; `specq retry` can requeue them
                 log.exception("the engine failed on a batch of job %s", job.id)
                 for request_id in list(pending):
-                    writer.add(_failure(request_id, f"the engine failed: {type(exc).__name__}: {exc}"))
+                    writer.add(GenerationResult.failed(request_id, f"the engine failed: {type(exc).__name__}: {exc}"))
                 pending.clear()
         finally:
             close = getattr(results, "close", None)
@@ -334,7 +328,7 @@ def _generate_group(
         culprits = [i for i in feed.in_flight if i in pending] or [next(iter(pending))]
         for request_id in culprits:
             pending.pop(request_id)
-            writer.add(_failure(request_id, f"out of memory even in a batch of one: {out_of_memory}"))
+            writer.add(GenerationResult.failed(request_id, f"out of memory even in a batch of one: {out_of_memory}"))
         log.warning("job %s: %d requests do not fit even alone; failed", job.id, len(culprits))
     unstarted |= feed.unstarted
     return set(pending)
@@ -426,7 +420,7 @@ def _run_claimed(
         except Exception as exc:  # ModelLoadError, or out of memory while loading: the requests fail
             log.error("job %s: %s", job_id, exc)
             for request in runnable:
-                writer.add(_failure(request.id, str(exc)))
+                writer.add(GenerationResult.failed(request.id, str(exc)))
             pair = None
         if pair is not None:
             ready, failed = _prepare(pair, runnable, job.settings.get("sampling", {}))

@@ -179,15 +179,7 @@ def exhausted_error(starts: int, owner: str | None) -> str:
 
 
 def exhausted_result(request_id: int, starts: int, owner: str | None) -> GenerationResult:
-    return GenerationResult(
-        key=request_id,
-        token_ids=[],
-        text="",
-        finish_reason=None,
-        prompt_tokens=0,
-        completion_tokens=0,
-        error=exhausted_error(starts, owner),
-    )
+    return GenerationResult.failed(request_id, exhausted_error(starts, owner))
 
 
 def requeue_expired(session: Session) -> list[tuple[str, int, int]]:
