@@ -15,10 +15,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # dependencies first (their layer is reused while only specq's code changes)
 COPY pyproject.toml README.md ./
-RUN mkdir -p specq cli jobs worker db decoding models bench \
-    && for p in specq cli jobs worker db decoding models bench; do touch "$p/__init__.py"; done \
+RUN mkdir -p specq && touch specq/__init__.py \
     && pip install . \
     && pip uninstall -y specq
+# specq/ links the top-level folders in as its subpackages (specq/cli -> ../cli, ...): copy both
 COPY specq ./specq
 COPY cli ./cli
 COPY jobs ./jobs
