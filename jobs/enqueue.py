@@ -1,4 +1,4 @@
-"""Sending chunk tasks to the broker: (job_id, first, end) each, JSON, over one pooled connection."""
+"""Sending chunk tasks to the broker by name: (job_id, first, end) each, JSON, over one pooled connection."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable
 
 from specq.jobs.services import broker_unavailable
+from specq.queue import PROCESS_CHUNK_TASK, celery_app
 
 log = logging.getLogger(__name__)
 
@@ -20,10 +21,7 @@ def enqueue_chunks(broker: str, chunks: Iterable[tuple[str, int, int]]) -> int:
     """Send one `process_chunk` task per chunk; returns how many. Raises ServiceUnavailableError."""
     from kombu.exceptions import KombuError, OperationalError
 
-    from specq.worker.app import configure
-    from specq.worker.constants import PROCESS_CHUNK_TASK
-
-    app = configure(broker)
+    app = celery_app(broker)
     sent = 0
     try:
         with app.producer_or_acquire() as producer:

@@ -24,7 +24,7 @@ from specq.db.session import Database
 from specq.db.states import JOB_TERMINAL, WorkerState
 from specq.db.types import utcnow
 from specq.errors import JobNotFoundError
-from specq.worker.settings import QueueSettings
+from specq.queue import QueueSettings
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -37,7 +37,7 @@ from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
 from specq.jobs.services import check_broker
 from specq.jobs.store import insert_requests
-from specq.worker.settings import DEFAULT_MAX_ATTEMPTS, QUEUE
+from specq.queue import DEFAULT_MAX_ATTEMPTS, QUEUE
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from specq.db.types import utcnow
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult, SamplingParams
 from specq.jobs.params import decoding_config, sampling_params
+from specq.queue import QUEUE, QueueSettings
 from specq.worker import faults
 from specq.worker.claims import (
     ClaimedRequest,
@@ -48,7 +49,6 @@ from specq.worker.claims import (
 )
 from specq.worker.model_cache import ModelCache
 from specq.worker.results import end_batch, start_batch, store_results
-from specq.worker.settings import QUEUE, QueueSettings
 
 if TYPE_CHECKING:
     from specq.decoding.k_policy import SpeculationPolicy

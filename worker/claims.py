@@ -25,8 +25,8 @@ from specq.db.models import Job, Request
 from specq.db.states import JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
 from specq.decoding.types import GenerationResult
+from specq.queue import DEFAULT_MAX_ATTEMPTS
 from specq.worker.results import store_results
-from specq.worker.settings import DEFAULT_MAX_ATTEMPTS
 
 
 @dataclass(frozen=True)

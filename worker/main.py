@@ -17,12 +17,11 @@ import logging
 from specq.db.session import mask_url, open_database
 from specq.jobs.services import check_broker
 from specq.models.loading import resolve_device
+from specq.queue import CHUNK_QUEUE, QUEUE
 from specq.worker.chunk import WorkerContext
-from specq.worker.constants import CHUNK_QUEUE
 from specq.worker.heartbeat import Heartbeat, register_worker, unregister_worker
 from specq.worker.model_cache import ModelCache
 from specq.worker.runtime import set_context, worker_name
-from specq.worker.settings import QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +61,15 @@ def run_worker(
     )
     set_context(ctx)
     register_worker(ctx)
-    heartbeat = Heartbeat(ctx, broker)
-    heartbeat.start()
-    log.info("worker %s serving queue %s of %s; results in %s", ctx.name, CHUNK_QUEUE, mask_url(broker), db.url)
-
+    # the patched transport is installed before the heartbeat's sweeper may send its first task
     from celery import signals
 
     from specq.worker.app import configure
     from specq.worker.tasks import process_chunk  # noqa: F401  (registers the task on the app)
+
+    heartbeat = Heartbeat(ctx, broker)
+    heartbeat.start()
+    log.info("worker %s serving queue %s of %s; results in %s", ctx.name, CHUNK_QUEUE, mask_url(broker), db.url)
 
     def on_shutdown(**_kwargs: object) -> None:
         # runs in the signal handler: only set a flag; the chunk in hand reads it between requests

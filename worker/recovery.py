@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from specq.db.models import Job, Request
 from specq.db.states import JobState, RequestState
 from specq.db.types import utcnow
-from specq.worker.constants import CHUNK_QUEUE_KEY, KEY_PREFIX, PROCESS_CHUNK_TASK, UNACKED_KEY
+from specq.queue import CHUNK_QUEUE_KEY, KEY_PREFIX, PROCESS_CHUNK_TASK, UNACKED_KEY
 
 log = logging.getLogger(__name__)
 

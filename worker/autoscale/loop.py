@@ -174,7 +174,7 @@ def run_autoscaler(
 
     from specq.jobs.services import check_broker
     from specq.masking import register_urls
-    from specq.worker.constants import CHUNK_QUEUE_KEY
+    from specq.queue import CHUNK_QUEUE_KEY
 
     register_urls(database_url, broker)
     db = open_database(database_url)
