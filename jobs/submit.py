@@ -27,8 +27,9 @@ from typing import Any
 
 from sqlalchemy import delete
 
+from specq.db.migrate import open_migrated
 from specq.db.models import Job
-from specq.db.session import Database, open_database
+from specq.db.session import Database
 from specq.db.states import JobState
 from specq.db.types import utcnow
 from specq.errors import BadInputError
@@ -97,7 +98,7 @@ def submit_job(
     line)."""
     name = os.fspath(input_path)
     with ModelCheck(spec.target, spec.draft, skip=models_checked) as models:
-        db = open_database(database_url)
+        db = open_migrated(database_url)
         if broker is not None:
             check_broker(broker)
         job_id, total, chunk_size = _store(db, name, input_path, spec, broker, limits, models)

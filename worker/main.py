@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from specq.db.session import mask_url, open_database
+from specq.db.migrate import open_migrated
+from specq.db.session import mask_url
 from specq.jobs.services import check_broker
 from specq.models.loading import resolve_device
 from specq.queue import CHUNK_QUEUE, QUEUE
@@ -40,7 +41,7 @@ def run_worker(
 
     logging.getLogger().setLevel(loglevel)  # as Celery sets it once it runs: the start-up lines show too
     register_urls(database_url, broker)
-    db = open_database(database_url)
+    db = open_migrated(database_url)
     check_broker(broker)
     resolved = resolve_device(device)
     metrics = None
