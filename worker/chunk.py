@@ -34,8 +34,8 @@ from specq.db.session import Database
 from specq.db.states import JobState, WorkerState
 from specq.db.types import utcnow
 from specq.decoding.stats import EngineStats
-from specq.decoding.types import GenerationRequest, GenerationResult, SamplingParams
-from specq.jobs.params import decoding_config, sampling_params
+from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.jobs.params import decoding_config, engine_request
 from specq.queue import QUEUE, QueueSettings
 from specq.worker import faults
 from specq.worker.claims import (
@@ -90,30 +90,25 @@ class WorkerContext:
     claims_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Prepared:
-    """A claimed request ready for the engine."""
+    """A claimed request and its engine request."""
 
     claimed: ClaimedRequest
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
+    request: GenerationRequest
 
 
 def _prepare(
     pair: ModelPair, claimed: list[ClaimedRequest], defaults: dict[str, Any]
 ) -> tuple[list[_Prepared], list[GenerationResult]]:
     """Tokenize and resolve sampling settings; a request that cannot be prepared fails alone."""
-    from specq.models.loading import tokenize_prompt
-
     ready, failed = [], []
     for request in claimed:
-        try:
-            params = sampling_params(defaults, request.overrides)
-            ids = tokenize_prompt(pair.tokenizer, prompt=request.prompt, messages=request.messages)
-        except Exception as exc:  # a chat template that fails to render, settings out of range, ...
-            failed.append(GenerationResult.failed(request.id, f"cannot prepare the request: {exc}"))
-            continue
-        ready.append(_Prepared(request, tuple(ids), params))
+        prepared = engine_request(request.id, request, pair.tokenizer, defaults)
+        if isinstance(prepared, GenerationResult):
+            failed.append(prepared)
+        else:
+            ready.append(_Prepared(request, prepared))
     return ready, failed
 
 
@@ -126,9 +121,9 @@ def _groups(ready: list[_Prepared], suspects: set[int]) -> list[list[_Prepared]]
     it takes no other request down with it, and the chunk's other work is stored first.
     """
     fresh = [p for p in ready if p.claimed.id not in suspects]
-    greedy = [p for p in fresh if p.params.temperature == 0.0]
-    sampled = [p for p in fresh if p.params.temperature != 0.0]
-    groups = [sorted(g, key=lambda p: len(p.prompt_ids)) for g in (greedy, sampled) if g]
+    greedy = [p for p in fresh if p.request.params.temperature == 0.0]
+    sampled = [p for p in fresh if p.request.params.temperature != 0.0]
+    groups = [sorted(g, key=lambda p: len(p.request.prompt_token_ids)) for g in (greedy, sampled) if g]
     return groups + [[p] for p in ready if p.claimed.id in suspects]
 
 
@@ -186,7 +181,7 @@ class _Feed:
             faults.maybe_crash(p.claimed.prompt)
             self.handed.add(request_id)
             self.in_flight[request_id] = None
-            yield GenerationRequest(request_id, p.prompt_ids, p.params)
+            yield p.request
 
     def finished(self, request_id: int) -> None:
         self.in_flight.pop(request_id, None)
