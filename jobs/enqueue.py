@@ -6,18 +6,18 @@ import logging
 from collections.abc import Iterable
 
 from specq.jobs.services import broker_unavailable
-from specq.queue import PROCESS_CHUNK_TASK, celery_app
+from specq.queue import PROCESS_CHUNK_TASK, Chunk, celery_app
 
 log = logging.getLogger(__name__)
 
 
-def job_chunks(job_id: str, total: int, chunk_size: int) -> Iterable[tuple[str, int, int]]:
+def job_chunks(job_id: str, total: int, chunk_size: int) -> Iterable[Chunk]:
     """The chunks of a job of `total` requests: positions [first, end), in file order."""
     for first in range(0, total, chunk_size):
         yield job_id, first, min(first + chunk_size, total)
 
 
-def enqueue_chunks(broker: str, chunks: Iterable[tuple[str, int, int]]) -> int:
+def enqueue_chunks(broker: str, chunks: Iterable[Chunk]) -> int:
     """Send one `process_chunk` task per chunk; returns how many. Raises ServiceUnavailableError."""
     from kombu.exceptions import KombuError, OperationalError
 

@@ -32,6 +32,7 @@ UNACKED_KEY = "unacked"  # kombu's hash of delivered, not yet acknowledged messa
 UNACKED_INDEX_KEY = "unacked_index"
 UNACKED_MUTEX_KEY = "unacked_mutex"
 PROCESS_CHUNK_TASK = "specq.process_chunk"  # the task name, so senders need not import the worker
+Chunk = tuple[str, int, int]  # a chunk task's arguments: (job_id, first, end), positions [first, end)
 
 BROKER_ENV = "SPECQ_BROKER_URL"
 

@@ -19,7 +19,7 @@ from specq.db.session import mask_url
 from specq.jobs.services import check_broker
 from specq.models.loading import resolve_device
 from specq.queue import CHUNK_QUEUE, QUEUE
-from specq.worker.chunk import WorkerContext
+from specq.worker.context import WorkerContext
 from specq.worker.heartbeat import Heartbeat, register_worker, unregister_worker
 from specq.worker.model_cache import ModelCache
 from specq.worker.runtime import set_context, worker_name
@@ -70,11 +70,11 @@ def run_worker(
 
     heartbeat = Heartbeat(ctx, broker)
     heartbeat.start()
-    log.info("worker %s serving queue %s of %s; results in %s", ctx.name, CHUNK_QUEUE, mask_url(broker), db.url)
+    log.info("worker %s serving queue %s of %s; results in %s", ctx.config.name, CHUNK_QUEUE, mask_url(broker), db.url)
 
     def on_shutdown(**_kwargs: object) -> None:
         # runs in the signal handler: only set a flag; the chunk in hand reads it between requests
-        ctx.stopping.set()
+        ctx.shared.stopping.set()
 
     signals.worker_shutting_down.connect(on_shutdown, weak=False)
     app = configure(broker)
@@ -88,7 +88,7 @@ def run_worker(
                 "worker",
                 "--pool=solo",
                 "--concurrency=1",
-                f"--hostname={ctx.name}",
+                f"--hostname={ctx.config.name}",
                 f"--queues={CHUNK_QUEUE}",
                 f"--loglevel={loglevel}",
                 "--without-gossip",
