@@ -98,7 +98,7 @@ def _open(url: str) -> Database:
 
 def open_database(url: str | None = None) -> Database:
     """Connect, checking the server answers. Never migrates: `db.migrate` does, for the commands that
-    write (`submit`, `worker`) and for `specq db upgrade`, so a read-only command changes nothing.
+    write (`submit`, `worker`, `autoscale`) and for `specq db upgrade`, so a read-only command changes nothing.
 
     Raises ServiceUnavailableError, with the URL's password masked, when the database cannot be reached.
     """

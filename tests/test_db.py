@@ -101,6 +101,28 @@ def test_db_upgrade_command(sqlite_url) -> None:
     assert "already at revision" in result.output
 
 
+def test_read_only_commands_never_migrate(sqlite_url, tmp_path) -> None:
+    runner = CliRunner()
+    env = {"SPECQ_DATABASE_URL": sqlite_url}
+    for args, code, output in (
+        (["status", "--json"], 0, "[]"),
+        (["workers", "--json"], 0, "[]"),
+        (["status", "nope"], 2, "no job has the id 'nope'"),
+        (["export", "nope", "-o", str(tmp_path / "x.csv")], 2, "no job has the id 'nope'"),
+        (["cancel", "nope"], 2, "no job has the id 'nope'"),
+    ):
+        result = runner.invoke(cli, args, env=env)
+        assert result.exit_code == code and output in result.output, (args, result.output)
+    db = open_database(sqlite_url)
+    assert current_revision(db) is None  # an empty database reads as holding nothing, and stays empty
+    open_migrated(sqlite_url)
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0001'")
+    result = runner.invoke(cli, ["status"], env=env)
+    assert result.exit_code == 1 and "run `specq db upgrade`" in result.output, result.output
+    assert current_revision(db) == "0001"
+
+
 def test_database_down_is_one_sentence_with_masked_password() -> None:
     url = "postgresql+psycopg://postgres:s3cret@127.0.0.1:1/specq"
     with pytest.raises(ServiceUnavailableError) as info:
