@@ -12,6 +12,7 @@ from specq.db.session import Database, schema_ready
 from specq.db.states import JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
 from specq.errors import JobNotFoundError
+from specq.queue import Chunk
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class CancelOutcome:
 class RetryOutcome:
     previous: str
     requeued: int  # failed or cancelled requests put back in the queue
-    chunks: list[tuple[str, int, int]]  # to enqueue: every chunk holding a queued request of the job
+    chunks: list[Chunk]  # to enqueue: every chunk holding a queued request of the job
     device: str | None  # the device the job was submitted with, for a retry in-process
 
 

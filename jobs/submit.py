@@ -38,7 +38,7 @@ from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
 from specq.jobs.services import check_broker
 from specq.jobs.store import insert_requests
-from specq.queue import DEFAULT_MAX_ATTEMPTS, QUEUE
+from specq.queue import DEFAULT_MAX_ATTEMPTS, QUEUE, Chunk
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class JobSpec:
 class Submitted:
     job_id: str
     total: int
-    chunks: list[tuple[str, int, int]]  # (job_id, first, end) of each chunk task
+    chunks: list[Chunk]  # (job_id, first, end) of each chunk task
     db: Database
     embedded: bool  # True: no broker; the caller runs the chunks in this process (`jobs.embedded`)
 
