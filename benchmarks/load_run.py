@@ -451,7 +451,7 @@ def owner_count(db_url: str, job_id: str, owner_pid: int) -> int:
 
 
 def drills(args: argparse.Namespace) -> None:
-    from specq.worker.settings import QueueSettings
+    from specq.queue import QueueSettings
     from tests.fleet_helpers import DRILL_ENV
 
     work = Path(tempfile.mkdtemp(prefix="specq_drills_"))
@@ -545,7 +545,7 @@ def redis_drill(args: argparse.Namespace, services: Services, start_job: Any, re
     began = time.monotonic()
     down_s = restart_redis()
     client = redis.Redis.from_url(services.redis_url)
-    from specq.worker.constants import CHUNK_QUEUE_KEY
+    from specq.queue import CHUNK_QUEUE_KEY
 
     def moving_again() -> bool:
         try:

@@ -21,7 +21,7 @@ def upgrade(database_url: str | None) -> None:
         from specq.db.migrate import upgrade as migrate
         from specq.db.session import open_database
 
-        database = open_database(database_url, migrate=False)
+        database = open_database(database_url)
         before, after = migrate(database)
     if before == after:
         click.echo(f"{database.url}: schema already at revision {after}", err=True)

@@ -1,4 +1,5 @@
-"""Alembic, driven from code: `specq db upgrade`, and on first use by the commands that need the schema."""
+"""Alembic, driven from code: `specq db upgrade`, and on first use by the commands that write
+(`submit`, `worker`, `autoscale`), through `open_migrated`. Opening a database (`db.session`) never migrates."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import DBAPIError
 
-from specq.db.session import Database
+from specq.db.session import Database, at_head, open_database
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -17,11 +17,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-# The newest migration (tests/test_db.py checks it is alembic's single head). Every command checks the
-# database against it with one query, so alembic, a quarter of a second of imports, loads only to migrate.
-SCHEMA_HEAD = "0002"
 _LOCK_ID = 0x5_0EC_0001  # PostgreSQL advisory lock: one migrating process at a time
-_checked: set[str] = set()  # databases found at head in this process
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -43,15 +39,6 @@ def head_revision() -> str:
     return heads[0]
 
 
-def current_revision(db: Database) -> str | None:
-    """The schema revision stored in the database; None for an empty database."""
-    try:
-        with db.engine.connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except DBAPIError:  # no alembic_version table yet
-        return None
-
-
 def upgrade(db: Database) -> tuple[str | None, str]:
     """Migrate the schema to head; returns (revision before, revision after)."""
     from alembic import command
@@ -66,15 +53,17 @@ def upgrade(db: Database) -> tuple[str | None, str]:
         after = MigrationContext.configure(conn).get_current_revision()
     if before != after:
         log.info("database %s migrated from %s to %s", db.url, before, after)
-    _checked.add(db.url)
     assert after is not None
     return before, after
 
 
-def ensure_schema(db: Database) -> None:
-    """Upgrade to head unless this process already saw the database there (a cheap check otherwise)."""
-    if db.url in _checked:
-        return
-    if current_revision(db) != SCHEMA_HEAD:
+def ensure_schema(db: Database) -> Database:
+    """Upgrade to head unless the database is there already (a cheap check); returns `db`."""
+    if not at_head(db):
         upgrade(db)
-    _checked.add(db.url)
+    return db
+
+
+def open_migrated(url: str | None = None) -> Database:
+    """`open_database`, then the schema brought to head: for the commands that write."""
+    return ensure_schema(open_database(url))

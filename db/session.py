@@ -11,15 +11,19 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from specq.errors import ServiceUnavailableError
+from specq.errors import SchemaError, ServiceUnavailableError
 from specq.paths import data_dir
 
 log = logging.getLogger(__name__)
 
 DATABASE_ENV = "SPECQ_DATABASE_URL"
+# The newest migration (tests/test_db.py checks it is alembic's single head). Readers and writers check
+# the database against it with one query, so alembic, a quarter of a second of imports, loads only to migrate.
+SCHEMA_HEAD = "0002"
+_at_head: set[str] = set()  # databases found at SCHEMA_HEAD in this process
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -92,8 +96,9 @@ def _open(url: str) -> Database:
     return db
 
 
-def open_database(url: str | None = None, *, migrate: bool = True) -> Database:
-    """Connect (checking the server answers) and, unless `migrate` is False, bring the schema to head.
+def open_database(url: str | None = None) -> Database:
+    """Connect, checking the server answers. Never migrates: `db.migrate` does, for the commands that
+    write (`submit`, `worker`, `autoscale`) and for `specq db upgrade`, so a read-only command changes nothing.
 
     Raises ServiceUnavailableError, with the URL's password masked, when the database cannot be reached.
     """
@@ -106,11 +111,40 @@ def open_database(url: str | None = None, *, migrate: bool = True) -> Database:
         raise unavailable(resolved, exc) from None
     except Exception as exc:  # e.g. a malformed URL or a missing driver
         raise ServiceUnavailableError(f"cannot use the database at {mask_url(resolved)}: {exc}") from None
-    if migrate:
-        from specq.db.migrate import ensure_schema
-
-        ensure_schema(db)
     return db
+
+
+def current_revision(db: Database) -> str | None:
+    """The schema revision stored in the database; None for an empty database."""
+    try:
+        with db.engine.connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except DBAPIError:  # no alembic_version table yet
+        return None
+
+
+def at_head(db: Database) -> bool:
+    """Whether the database holds this specq's schema (one query, then remembered for the process)."""
+    if db.url in _at_head:
+        return True
+    if current_revision(db) != SCHEMA_HEAD:
+        return False
+    _at_head.add(db.url)
+    return True
+
+
+def schema_ready(db: Database) -> bool:
+    """For readers: True at SCHEMA_HEAD; False for an empty database (nothing stored yet, so it reads as
+    holding nothing); SchemaError, telling the user to run `specq db upgrade`, at any other revision."""
+    if at_head(db):
+        return True
+    revision = current_revision(db)
+    if revision is None:
+        return False
+    raise SchemaError(
+        f"the database at {db.url} has schema revision {revision}, this specq uses {SCHEMA_HEAD}: "
+        "run `specq db upgrade`"
+    )
 
 
 def dispose_all() -> None:

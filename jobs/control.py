@@ -8,10 +8,11 @@ from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from specq.db.models import Job, Request, Result
-from specq.db.session import Database
+from specq.db.session import Database, schema_ready
 from specq.db.states import JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
 from specq.errors import JobNotFoundError
+from specq.queue import Chunk
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,13 @@ class CancelOutcome:
 class RetryOutcome:
     previous: str
     requeued: int  # failed or cancelled requests put back in the queue
-    chunks: list[tuple[str, int, int]]  # to enqueue: every chunk holding a queued request of the job
+    chunks: list[Chunk]  # to enqueue: every chunk holding a queued request of the job
     device: str | None  # the device the job was submitted with, for a retry in-process
 
 
-def _locked_job(session: Session, job_id: str) -> Job:
+def _locked_job(db: Database, session: Session, job_id: str) -> Job:
+    if not schema_ready(db):  # an empty database holds no job
+        raise JobNotFoundError(f"no job has the id {job_id!r}")
     job = session.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
     if job is None:
         raise JobNotFoundError(f"no job has the id {job_id!r}")
@@ -40,7 +43,7 @@ def cancel_job(db: Database, job_id: str) -> CancelOutcome:
     """Stop a job: its queued requests are cancelled, running ones finish (workers see the cancel at
     their next write and give up the rest). A job that has ended is left as it is."""
     with db.session() as session:
-        job = _locked_job(session, job_id)
+        job = _locked_job(db, session, job_id)
         previous = job.state
         if job.state not in job_sources(JobState.CANCELLED):
             return CancelOutcome(previous, 0, changed=False)
@@ -63,7 +66,7 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
     (the job's `enqueued_at` is set, so sweepers watch its messages), else it runs them in-process.
     """
     with db.session() as session:
-        job = _locked_job(session, job_id)
+        job = _locked_job(db, session, job_id)
         previous = job.state
         retryable = [s for s in request_sources(RequestState.QUEUED) if s != RequestState.RUNNING]
         ids = session.scalars(

@@ -1,4 +1,4 @@
-"""Sending chunk tasks to the broker: (job_id, first, end) each, JSON, over one pooled connection."""
+"""Sending chunk tasks to the broker by name: (job_id, first, end) each, JSON, over one pooled connection."""
 
 from __future__ import annotations
 
@@ -6,24 +6,22 @@ import logging
 from collections.abc import Iterable
 
 from specq.jobs.services import broker_unavailable
+from specq.queue import PROCESS_CHUNK_TASK, Chunk, celery_app
 
 log = logging.getLogger(__name__)
 
 
-def job_chunks(job_id: str, total: int, chunk_size: int) -> Iterable[tuple[str, int, int]]:
+def job_chunks(job_id: str, total: int, chunk_size: int) -> Iterable[Chunk]:
     """The chunks of a job of `total` requests: positions [first, end), in file order."""
     for first in range(0, total, chunk_size):
         yield job_id, first, min(first + chunk_size, total)
 
 
-def enqueue_chunks(broker: str, chunks: Iterable[tuple[str, int, int]]) -> int:
+def enqueue_chunks(broker: str, chunks: Iterable[Chunk]) -> int:
     """Send one `process_chunk` task per chunk; returns how many. Raises ServiceUnavailableError."""
     from kombu.exceptions import KombuError, OperationalError
 
-    from specq.worker.app import configure
-    from specq.worker.constants import PROCESS_CHUNK_TASK
-
-    app = configure(broker)
+    app = celery_app(broker)
     sent = 0
     try:
         with app.producer_or_acquire() as producer:

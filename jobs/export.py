@@ -17,7 +17,7 @@ from typing import IO, Any, Literal, NamedTuple
 from sqlalchemy import select
 
 from specq.db.models import Job, Request, Result
-from specq.db.session import Database
+from specq.db.session import Database, schema_ready
 from specq.errors import JobNotFoundError
 from specq.jobs.outputs import csv_row, openai_record, result_record, write_csv, write_jsonl
 
@@ -111,7 +111,7 @@ def _open_output(path: str) -> Iterator[IO[str]]:
 def export_job(db: Database, job_id: str, path: str, fmt: ExportFormat = "csv") -> int:
     """Write the job's results to `path` in `fmt`; returns the number of requests written."""
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, job_id) if schema_ready(db) else None
         if job is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
         target = job.target

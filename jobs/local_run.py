@@ -17,9 +17,9 @@ from typing import IO, Any
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
-from specq.jobs.inputs import InputLimits, RequestSpec, iter_request_specs, validate_file
+from specq.jobs.inputs import InputLimits, iter_request_specs, validate_file
 from specq.jobs.outputs import result_record
-from specq.jobs.params import sampling_params
+from specq.jobs.params import engine_request
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def run_file(
     def requests() -> Iterator[GenerationRequest]:
         for key, spec in enumerate(iter_request_specs(input_path, limits)):
             ids[key] = spec.id
-            request = _prepare(key, spec, pair.tokenizer, sampling)
+            request = engine_request(key, spec, pair.tokenizer, sampling)
             if isinstance(request, GenerationResult):
                 early_failures[key] = request
             else:
@@ -96,18 +96,6 @@ def run_file(
     on_progress(next_key, engine.stats)
     summary.stats = engine.stats
     return summary
-
-
-def _prepare(key: int, spec: RequestSpec, tokenizer, defaults: dict[str, Any]) -> GenerationRequest | GenerationResult:
-    """The engine request for one line; a line that cannot be prepared fails alone."""
-    from specq.models.loading import tokenize_prompt
-
-    try:
-        params = sampling_params(defaults, spec.overrides)
-        prompt_ids = tokenize_prompt(tokenizer, prompt=spec.prompt, messages=spec.messages)
-    except Exception as exc:  # a chat template that fails to render, say
-        return GenerationResult.failed(key, f"cannot prepare the request: {exc}")
-    return GenerationRequest(key, tuple(prompt_ids), params)
 
 
 def default_output_path(input_path: str) -> Path:

@@ -1,4 +1,5 @@
-"""From stored settings to the engine's inputs: a job's DecodingConfig, a request's SamplingParams.
+"""From stored settings to the engine's inputs: a job's DecodingConfig, a request's SamplingParams, and
+the engine request itself (`engine_request`).
 
 `specq run` and the queue both go through here, so the same line decodes the same way in both.
 A line's overrides win over the job's defaults, which win over SamplingParams' own defaults.
@@ -6,10 +7,13 @@ A line's overrides win over the job's defaults, which win over SamplingParams' o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from specq.decoding.config import DecodingConfig
-from specq.decoding.types import SamplingParams
+from specq.decoding.types import GenerationRequest, GenerationResult, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
@@ -28,3 +32,31 @@ def decoding_config(settings: dict[str, Any]) -> DecodingConfig:
     stored = settings.get("decoding", {})
     known = DecodingConfig.__dataclass_fields__.keys()
     return DecodingConfig(**{k: v for k, v in stored.items() if k in known})
+
+
+class PromptLine(Protocol):
+    """A request as a line of input (`jobs.inputs.RequestSpec`) or as stored (`worker.claims.ClaimedRequest`)."""
+
+    @property
+    def prompt(self) -> str | None: ...  # set for completion requests
+
+    @property
+    def messages(self) -> list[dict[str, Any]] | None: ...  # set for chat requests
+
+    @property
+    def overrides(self) -> dict[str, Any]: ...  # the line's own sampling settings
+
+
+def engine_request(
+    key: int, line: PromptLine, tokenizer: PreTrainedTokenizerBase, defaults: dict[str, Any]
+) -> GenerationRequest | GenerationResult:
+    """The engine request for one line: its prompt tokenized, its sampling settings resolved over the
+    job's `defaults`. A line that cannot be prepared fails alone: its failed result is returned."""
+    from specq.models.loading import tokenize_prompt
+
+    try:
+        params = sampling_params(defaults, line.overrides)
+        prompt_ids = tokenize_prompt(tokenizer, prompt=line.prompt, messages=line.messages)
+    except Exception as exc:  # a chat template that fails to render, settings out of range, ...
+        return GenerationResult.failed(key, f"cannot prepare the request: {exc}")
+    return GenerationRequest(key, tuple(prompt_ids), params)

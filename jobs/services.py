@@ -6,7 +6,7 @@ import os
 
 from specq.db.session import mask_url
 from specq.errors import ServiceUnavailableError
-from specq.worker.constants import BROKER_ENV
+from specq.queue import BROKER_ENV
 
 
 def broker_url(url: str | None = None) -> str | None:

@@ -20,11 +20,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from specq.db.models import Batch, Job, Worker
-from specq.db.session import Database
+from specq.db.session import Database, schema_ready
 from specq.db.states import JOB_TERMINAL, WorkerState
 from specq.db.types import utcnow
 from specq.errors import JobNotFoundError
-from specq.worker.settings import QueueSettings
+from specq.queue import QueueSettings
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -92,7 +92,7 @@ def _describe(job: Job, spec: dict[str, Any], now: datetime) -> dict[str, Any]:
 def job_status(db: Database, job_id: str) -> dict[str, Any]:
     """One job's state, counts and metrics; JobNotFoundError if there is none with this id."""
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, job_id) if schema_ready(db) else None
         if job is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
         return _describe(job, _speculation(session, [job.id])[job.id], utcnow())
@@ -100,6 +100,8 @@ def job_status(db: Database, job_id: str) -> dict[str, Any]:
 
 def recent_jobs(db: Database, limit: int = 20) -> list[dict[str, Any]]:
     """The `limit` most recent jobs, newest first."""
+    if not schema_ready(db):
+        return []  # an empty database: nothing submitted yet
     with db.session() as session:
         jobs = session.scalars(select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit)).all()
         spec = _speculation(session, [job.id for job in jobs])
@@ -118,6 +120,8 @@ def live_workers(db: Database, include_gone: bool = False) -> list[dict[str, Any
     "lost": killed, or cut off from the database; a sweeper requeues their requests). Each has its
     heartbeat's age in seconds, and its current batch and job while busy.
     """
+    if not schema_ready(db):
+        return []  # an empty database: no worker ever started
     now = utcnow()
     live_after = QueueSettings.from_env().live_after  # read now: the workers' timings, from the environment
     with db.session() as session:

@@ -27,8 +27,9 @@ from typing import Any
 
 from sqlalchemy import delete
 
+from specq.db.migrate import open_migrated
 from specq.db.models import Job
-from specq.db.session import Database, open_database
+from specq.db.session import Database
 from specq.db.states import JobState
 from specq.db.types import utcnow
 from specq.errors import BadInputError
@@ -37,7 +38,7 @@ from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
 from specq.jobs.services import check_broker
 from specq.jobs.store import insert_requests
-from specq.worker.settings import DEFAULT_MAX_ATTEMPTS, QUEUE
+from specq.queue import DEFAULT_MAX_ATTEMPTS, QUEUE, Chunk
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class JobSpec:
 class Submitted:
     job_id: str
     total: int
-    chunks: list[tuple[str, int, int]]  # (job_id, first, end) of each chunk task
+    chunks: list[Chunk]  # (job_id, first, end) of each chunk task
     db: Database
     embedded: bool  # True: no broker; the caller runs the chunks in this process (`jobs.embedded`)
 
@@ -97,7 +98,7 @@ def submit_job(
     line)."""
     name = os.fspath(input_path)
     with ModelCheck(spec.target, spec.draft, skip=models_checked) as models:
-        db = open_database(database_url)
+        db = open_migrated(database_url)
         if broker is not None:
             check_broker(broker)
         job_id, total, chunk_size = _store(db, name, input_path, spec, broker, limits, models)

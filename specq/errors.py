@@ -21,5 +21,9 @@ class ServiceUnavailableError(SpecqError):
     """Redis or the database cannot be reached."""
 
 
+class SchemaError(SpecqError):
+    """The database holds another revision of specq's schema: `specq db upgrade` migrates it."""
+
+
 class JobNotFoundError(SpecqError):
     """No job has the given id."""

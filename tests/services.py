@@ -27,9 +27,9 @@ def empty_database(db_url):
     """Migrate the database at `db_url` and empty every table of specq's."""
     from sqlalchemy import text
 
-    from specq.db.session import open_database
+    from specq.db.migrate import open_migrated
 
-    db = open_database(db_url)
+    db = open_migrated(db_url)
     with db.engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(_TABLES)} RESTART IDENTITY CASCADE"))
 

@@ -14,9 +14,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import InvalidRequestError
 
 from specq.cli.main import _register, cli
-from specq.db.migrate import SCHEMA_HEAD, alembic_config, current_revision, head_revision
+from specq.db.migrate import alembic_config, head_revision, open_migrated
 from specq.db.models import Base, Batch, Job, Request, Result
-from specq.db.session import mask_url, open_database
+from specq.db.session import SCHEMA_HEAD, current_revision, mask_url, open_database
 from specq.db.states import (
     JOB_TERMINAL,
     JOB_TRANSITIONS,
@@ -84,7 +84,7 @@ def test_single_head_named_in_the_code() -> None:
 
 
 def test_models_match_migrations(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     assert current_revision(db) == head_revision()
     with db.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
@@ -99,6 +99,28 @@ def test_db_upgrade_command(sqlite_url) -> None:
     result = runner.invoke(cli, ["db", "upgrade"], env={"SPECQ_DATABASE_URL": sqlite_url})
     assert result.exit_code == 0, result.output
     assert "already at revision" in result.output
+
+
+def test_read_only_commands_never_migrate(sqlite_url, tmp_path) -> None:
+    runner = CliRunner()
+    env = {"SPECQ_DATABASE_URL": sqlite_url}
+    for args, code, output in (
+        (["status", "--json"], 0, "[]"),
+        (["workers", "--json"], 0, "[]"),
+        (["status", "nope"], 2, "no job has the id 'nope'"),
+        (["export", "nope", "-o", str(tmp_path / "x.csv")], 2, "no job has the id 'nope'"),
+        (["cancel", "nope"], 2, "no job has the id 'nope'"),
+    ):
+        result = runner.invoke(cli, args, env=env)
+        assert result.exit_code == code and output in result.output, (args, result.output)
+    db = open_database(sqlite_url)
+    assert current_revision(db) is None  # an empty database reads as holding nothing, and stays empty
+    open_migrated(sqlite_url)
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0001'")
+    result = runner.invoke(cli, ["status"], env=env)
+    assert result.exit_code == 1 and "run `specq db upgrade`" in result.output, result.output
+    assert current_revision(db) == "0001"
 
 
 def test_database_down_is_one_sentence_with_masked_password() -> None:
@@ -123,7 +145,7 @@ def test_transition_table_is_complete() -> None:
 
 
 def test_timestamps_are_utc_aware(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     make_job(db, 1)
     with db.session() as session:
         job = session.get_one(Job, "job1")
@@ -132,7 +154,7 @@ def test_timestamps_are_utc_aware(any_db_url) -> None:
 
 
 def test_relationships_raise_instead_of_querying(sqlite_url) -> None:
-    db = open_database(sqlite_url)
+    db = open_migrated(sqlite_url)
     make_job(db, 1)
     with db.session() as session:
         job = session.get_one(Job, "job1")
@@ -141,7 +163,7 @@ def test_relationships_raise_instead_of_querying(sqlite_url) -> None:
 
 
 def test_bulk_insert_keeps_order_and_text(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     nasty = 'tab\t, newline\n, backslash \\ quote " \\N unicode \u2603'
     with db.session() as session:
         session.add(Job(id="j", state="queued", target="t", input_name="i", settings={"chunk_size": 2}, total=3))
@@ -165,7 +187,7 @@ def test_bulk_insert_keeps_order_and_text(any_db_url) -> None:
 
 
 def test_claims_are_exclusive_and_leased(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     make_job(db, 6)
     with db.session() as session:
         first = claim_chunk(session, "job1", 0, 4, "w1", lease_s=60)
@@ -191,7 +213,7 @@ def test_claims_are_exclusive_and_leased(any_db_url) -> None:
 
 
 def test_concurrent_claims_never_share_a_request(pg_db_url) -> None:
-    db = open_database(pg_db_url)
+    db = open_migrated(pg_db_url)
     make_job(db, 200, chunk_size=200)
     claimed: dict[str, list[int]] = {}
     barrier = threading.Barrier(4)
@@ -214,7 +236,7 @@ def test_concurrent_claims_never_share_a_request(pg_db_url) -> None:
 
 
 def test_results_are_idempotent_and_the_last_one_ends_the_job(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     make_job(db, 3)
     with db.session() as session:
         ids = [c.id for c in claim_chunk(session, "job1", 0, 3, "w1", lease_s=60)]
@@ -240,7 +262,7 @@ def test_results_are_idempotent_and_the_last_one_ends_the_job(any_db_url) -> Non
 
 
 def test_job_fails_when_every_request_failed(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     make_job(db, 2)
     with db.session() as session:
         ids = [c.id for c in claim_chunk(session, "job1", 0, 2, "w1", lease_s=60)]
@@ -249,7 +271,7 @@ def test_job_fails_when_every_request_failed(any_db_url) -> None:
 
 
 def test_sweeper_requeues_expired_leases_by_chunk(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     make_job(db, 10, chunk_size=4)
     with db.session() as session:
         claim_chunk(session, "job1", 0, 4, "dead", lease_s=60)
@@ -269,7 +291,7 @@ def test_sweeper_requeues_expired_leases_by_chunk(any_db_url) -> None:
 
 
 def test_deleting_a_job_cascades(any_db_url) -> None:
-    db = open_database(any_db_url)
+    db = open_migrated(any_db_url)
     make_job(db, 2)
     with db.session() as session:
         ids = [c.id for c in claim_chunk(session, "job1", 0, 2, "w1", lease_s=60)]

@@ -15,7 +15,7 @@ import click
 import pytest
 import yaml
 
-from specq.worker.constants import CHUNK_QUEUE_KEY
+from specq.queue import CHUNK_QUEUE_KEY
 from tests.services import invoke
 
 ROOT = Path(__file__).resolve().parent.parent

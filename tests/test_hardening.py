@@ -22,7 +22,7 @@ import redis
 from sqlalchemy import func, select
 
 from specq.db.models import Job, Request, Result
-from specq.worker.constants import CHUNK_QUEUE, PROCESS_CHUNK_TASK
+from specq.queue import CHUNK_QUEUE, PROCESS_CHUNK_TASK
 from tests.fleet_helpers import wait_for
 from tests.services import REDIS_TEST_URL, SpecqWorker, count_rows, invoke, services_env, write_requests
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from specq.db.models import Job, Request, Result
-from specq.worker.constants import CHUNK_QUEUE_KEY
+from specq.queue import CHUNK_QUEUE_KEY
 from tests.services import count_rows, invoke, job_status, services_env, submit_job, write_requests
 
 PLAIN = {"id": "p1", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
@@ -192,9 +192,8 @@ def test_help_needs_no_services_and_no_torch() -> None:
 
 
 def test_celery_is_json_only_late_ack_prefetch_one() -> None:
+    from specq.queue import KEY_PREFIX, QUEUE
     from specq.worker.app import app
-    from specq.worker.constants import KEY_PREFIX
-    from specq.worker.settings import QUEUE
 
     conf = app.conf
     assert (conf.task_serializer, conf.result_serializer) == ("json", "json")

@@ -25,8 +25,8 @@ from specq.db.models import Job, Request
 from specq.db.states import JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
 from specq.decoding.types import GenerationResult
+from specq.queue import DEFAULT_MAX_ATTEMPTS, Chunk
 from specq.worker.results import store_results
-from specq.worker.settings import DEFAULT_MAX_ATTEMPTS
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def exhausted_result(request_id: int, starts: int, owner: str | None) -> Generat
     return GenerationResult.failed(request_id, exhausted_error(starts, owner))
 
 
-def requeue_expired(session: Session) -> list[tuple[str, int, int]]:
+def requeue_expired(session: Session) -> list[Chunk]:
     """Put requests whose lease expired back in the queue; returns the chunks to enqueue again.
 
     A request whose starts reached its job's `max_attempts` is failed instead, with the reason, in the
@@ -222,7 +222,7 @@ def requeue_expired(session: Session) -> list[tuple[str, int, int]]:
     return chunks_of(session, seqs)
 
 
-def chunks_of(session: Session, seqs: dict[str, set[int]]) -> list[tuple[str, int, int]]:
+def chunks_of(session: Session, seqs: dict[str, set[int]]) -> list[Chunk]:
     """The distinct chunks, (job_id, first, end), that hold the given request positions of each job."""
     if not seqs:
         return []

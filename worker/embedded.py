@@ -10,7 +10,7 @@ from specq.db.session import Database
 def run_chunks_here(db: Database, chunks: Iterable[tuple[str, int, int]], device: str | None) -> None:
     """Run the chunks one after another in this process, exactly as a worker would run their tasks."""
     from specq.models.loading import resolve_device
-    from specq.worker.chunk import WorkerContext
+    from specq.worker.context import WorkerContext
     from specq.worker.heartbeat import Heartbeat
     from specq.worker.runtime import get_context_or_none, set_context, worker_name
     from specq.worker.tasks import process_chunk

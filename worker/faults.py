@@ -5,8 +5,8 @@
 - `SPECQ_FAULT_CRASH_PROMPT=TEXT`: the worker process kills itself with SIGKILL (as the kernel's OOM
   killer, or a fault in a kernel, would) when a request whose prompt contains TEXT enters the engine.
 
-Both are read on every use, so a test may set them in its own process (the embedded path) as well as in
-a worker's environment.
+`installed()` reads them once per chunk, so a test may set them in its own process (the embedded path)
+as well as in a worker's environment; with neither set it returns None and the chunk checks nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,26 @@ def simulated_oom(rows: int, limit: int) -> BaseException:
     return error(f"simulated: a batch of {rows} requests does not fit (at most {limit}; {OOM_ABOVE_ENV})")
 
 
-def maybe_crash(prompt: str | None) -> None:
-    """Kill this process at once when the prompt holds the crash marker."""
-    marker = os.environ.get(CRASH_PROMPT_ENV)
-    if marker and prompt is not None and marker in prompt:
-        log.error("fault injection: request prompt holds %s; killing this worker", CRASH_PROMPT_ENV)
-        os.kill(os.getpid(), signal.SIGKILL)
+@dataclass(frozen=True)
+class Faults:
+    """The faults to inject as requests enter the engine."""
+
+    oom_above: int | None = None
+    crash_prompt: str | None = None
+
+    def before_entering(self, in_engine: int) -> None:
+        """Raise the simulated out-of-memory error when one more request would not fit."""
+        if self.oom_above is not None and in_engine >= self.oom_above:
+            raise simulated_oom(in_engine + 1, self.oom_above)
+
+    def entering(self, prompt: str | None) -> None:
+        """Kill this process at once when the prompt holds the crash marker."""
+        if self.crash_prompt and prompt is not None and self.crash_prompt in prompt:
+            log.error("fault injection: request prompt holds %s; killing this worker", CRASH_PROMPT_ENV)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def installed() -> Faults | None:
+    """The faults set in the environment now; None when there is none."""
+    found = Faults(oom_above(), os.environ.get(CRASH_PROMPT_ENV) or None)
+    return None if found == Faults() else found

@@ -23,8 +23,8 @@ from specq.db.models import Worker
 from specq.db.states import WorkerState
 from specq.db.types import utcnow
 from specq.errors import SpecqError
-from specq.worker.chunk import WorkerContext
 from specq.worker.claims import release_claimed, renew_leases, requeue_expired
+from specq.worker.context import WorkerContext
 from specq.worker.recovery import lost_chunks
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,8 @@ def register_worker(ctx: WorkerContext) -> None:
     with ctx.db.session() as session:
         session.merge(
             Worker(
-                name=ctx.name,
-                device=ctx.device,
+                name=ctx.config.name,
+                device=ctx.config.device,
                 state=WorkerState.IDLE,
                 host=socket.gethostname(),
                 pid=os.getpid(),
@@ -53,7 +53,7 @@ def unregister_worker(ctx: WorkerContext) -> None:
     with ctx.db.session() as session:
         session.execute(
             update(Worker)
-            .where(Worker.name == ctx.name)
+            .where(Worker.name == ctx.config.name)
             .values(state=WorkerState.STOPPED, current_batch=None, current_job=None, heartbeat_at=utcnow())
             .execution_options(synchronize_session=False)
         )
@@ -76,7 +76,8 @@ class Heartbeat:
 
     def _loop(self) -> None:
         failing_since: float | None = None
-        while not self._stop.wait(self.ctx.queue.heartbeat_s):
+        every = self.ctx.config.queue.heartbeat_s
+        while not self._stop.wait(every):
             try:
                 self.beat()
             except (SQLAlchemyError, SpecqError, OSError, RedisError) as exc:
@@ -85,7 +86,7 @@ class Heartbeat:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 if failing_since is None:
                     failing_since = time.monotonic()
-                    log.warning("heartbeat failed (retrying every %.1fs): %s", self.ctx.queue.heartbeat_s, reason)
+                    log.warning("heartbeat failed (retrying every %.1fs): %s", every, reason)
                 else:
                     log.debug("heartbeat failed again: %s", reason)
                 continue
@@ -95,20 +96,20 @@ class Heartbeat:
 
     def beat(self) -> None:
         ctx = self.ctx
-        holding = ctx.holding  # one read: the task thread replaces it
+        holding = ctx.shared.holding  # one read: the task thread replaces it
         with ctx.db.session() as session:
             if holding:
-                renew_leases(session, ctx.name, ctx.queue.lease_s, sorted(holding))
-            if ctx.registered:
+                renew_leases(session, ctx.config.name, ctx.config.queue.lease_s, sorted(holding))
+            if ctx.config.registered:
                 session.execute(
                     update(Worker)
-                    .where(Worker.name == ctx.name)
+                    .where(Worker.name == ctx.config.name)
                     .values(heartbeat_at=utcnow())
                     .execution_options(synchronize_session=False)
                 )
-        if ctx.abandoned:
+        if ctx.shared.abandoned:
             self.give_back_abandoned()
-        if self.broker is not None and time.monotonic() - self._last_sweep >= ctx.queue.sweep_s:
+        if self.broker is not None and time.monotonic() - self._last_sweep >= ctx.config.queue.sweep_s:
             self._last_sweep = time.monotonic()
             self.sweep()
 
@@ -117,19 +118,19 @@ class Heartbeat:
         perhaps on another worker, which could not claim them while this one held the leases)."""
         from specq.jobs.enqueue import enqueue_chunks
 
-        ctx = self.ctx
-        with ctx.claims_lock:
-            abandoned = dict(ctx.abandoned)
+        ctx, shared = self.ctx, self.ctx.shared
+        with shared.lock:
+            abandoned = dict(shared.abandoned)
             with ctx.db.session() as session:
                 released = 0
                 for ids in abandoned.values():
-                    keep = ids - ctx.holding
+                    keep = ids - shared.holding
                     if keep:
-                        released += release_claimed(session, sorted(keep), [], ctx.name)
+                        released += release_claimed(session, sorted(keep), [], ctx.config.name)
                 if released and self.broker is not None:
                     enqueue_chunks(self.broker, list(abandoned))  # before the commit, as the sweeper does
             for chunk in abandoned:
-                ctx.abandoned.pop(chunk, None)
+                shared.abandoned.pop(chunk, None)
         if released:
             log.warning("gave back %d requests of %d chunks a database error cut short", released, len(abandoned))
         return released
@@ -147,7 +148,7 @@ class Heartbeat:
                 enqueue_chunks(self.broker, chunks)
                 log.warning("requeued %d chunks whose worker stopped answering", len(chunks))
         with self.ctx.db.session() as session:
-            lost = lost_chunks(session, self._broker_client(), self.ctx.queue.lost_after)
+            lost = lost_chunks(session, self._broker_client(), self.ctx.config.queue.lost_after)
             if lost:
                 enqueue_chunks(self.broker, lost)
                 log.warning("enqueued %d chunks again whose message the broker lost", len(lost))

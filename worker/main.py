@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import logging
 
-from specq.db.session import mask_url, open_database
+from specq.db.migrate import open_migrated
+from specq.db.session import mask_url
 from specq.jobs.services import check_broker
 from specq.models.loading import resolve_device
-from specq.worker.chunk import WorkerContext
-from specq.worker.constants import CHUNK_QUEUE
+from specq.queue import CHUNK_QUEUE, QUEUE
+from specq.worker.context import WorkerContext
 from specq.worker.heartbeat import Heartbeat, register_worker, unregister_worker
 from specq.worker.model_cache import ModelCache
 from specq.worker.runtime import set_context, worker_name
-from specq.worker.settings import QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def run_worker(
 
     logging.getLogger().setLevel(loglevel)  # as Celery sets it once it runs: the start-up lines show too
     register_urls(database_url, broker)
-    db = open_database(database_url)
+    db = open_migrated(database_url)
     check_broker(broker)
     resolved = resolve_device(device)
     metrics = None
@@ -62,18 +62,19 @@ def run_worker(
     )
     set_context(ctx)
     register_worker(ctx)
-    heartbeat = Heartbeat(ctx, broker)
-    heartbeat.start()
-    log.info("worker %s serving queue %s of %s; results in %s", ctx.name, CHUNK_QUEUE, mask_url(broker), db.url)
-
+    # the patched transport is installed before the heartbeat's sweeper may send its first task
     from celery import signals
 
     from specq.worker.app import configure
     from specq.worker.tasks import process_chunk  # noqa: F401  (registers the task on the app)
 
+    heartbeat = Heartbeat(ctx, broker)
+    heartbeat.start()
+    log.info("worker %s serving queue %s of %s; results in %s", ctx.config.name, CHUNK_QUEUE, mask_url(broker), db.url)
+
     def on_shutdown(**_kwargs: object) -> None:
         # runs in the signal handler: only set a flag; the chunk in hand reads it between requests
-        ctx.stopping.set()
+        ctx.shared.stopping.set()
 
     signals.worker_shutting_down.connect(on_shutdown, weak=False)
     app = configure(broker)
@@ -87,7 +88,7 @@ def run_worker(
                 "worker",
                 "--pool=solo",
                 "--concurrency=1",
-                f"--hostname={ctx.name}",
+                f"--hostname={ctx.config.name}",
                 f"--queues={CHUNK_QUEUE}",
                 f"--loglevel={loglevel}",
                 "--without-gossip",

@@ -27,11 +27,9 @@ from sqlalchemy.orm import Session
 from specq.db.models import Job, Request
 from specq.db.states import JobState, RequestState
 from specq.db.types import utcnow
-from specq.worker.constants import CHUNK_QUEUE_KEY, KEY_PREFIX, PROCESS_CHUNK_TASK, UNACKED_KEY
+from specq.queue import CHUNK_QUEUE_KEY, KEY_PREFIX, PROCESS_CHUNK_TASK, UNACKED_KEY, Chunk
 
 log = logging.getLogger(__name__)
-
-Chunk = tuple[str, int, int]  # (job_id, first, end), as jobs.enqueue sends it
 
 
 def _chunk_of(raw: bytes | str) -> Chunk | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from specq.worker.chunk import WorkerContext
+from specq.worker.context import WorkerContext
 
 _context: WorkerContext | None = None
 

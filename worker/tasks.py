@@ -6,9 +6,9 @@ import logging
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from specq.queue import PROCESS_CHUNK_TASK
 from specq.worker.app import app
 from specq.worker.chunk import run_chunk_patiently
-from specq.worker.constants import PROCESS_CHUNK_TASK
 from specq.worker.runtime import get_context
 
 log = logging.getLogger(__name__)

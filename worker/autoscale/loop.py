@@ -24,8 +24,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from specq.db.migrate import open_migrated
 from specq.db.models import Job, Worker
-from specq.db.session import Database, open_database
+from specq.db.session import Database
 from specq.db.states import JobState, WorkerState
 from specq.worker.autoscale.config import AutoscaleConfig
 from specq.worker.autoscale.policy import Decision, PolicyState, decide
@@ -174,10 +175,10 @@ def run_autoscaler(
 
     from specq.jobs.services import check_broker
     from specq.masking import register_urls
-    from specq.worker.constants import CHUNK_QUEUE_KEY
+    from specq.queue import CHUNK_QUEUE_KEY
 
     register_urls(database_url, broker)
-    db = open_database(database_url)
+    db = open_migrated(database_url)
     check_broker(broker)
     client = redis.Redis.from_url(broker, socket_connect_timeout=2, socket_timeout=2)
     Autoscaler(

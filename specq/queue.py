@@ -1,6 +1,11 @@
-"""Queue timing, one frozen dataclass (nanoGPT's GPTConfig style), and how the numbers fit together.
+"""What both sides of the queue share, in one low-level module (arq's `constants.py`): the Redis key,
+queue and task names under the `specq:` prefix, the queue's timing, and the Celery app's configuration.
 
-A job is split into chunks of `chunk_size` requests, one Celery task each. A worker claims a chunk's
+`jobs` sends chunk tasks by name through `celery_app()` and never imports the worker; `worker` registers
+the task on the same app and consumes. Importing this module loads no Celery and connects to nothing.
+
+Queue timing, one frozen dataclass (nanoGPT's GPTConfig style), and how the numbers fit together:
+a job is split into chunks of `chunk_size` requests, one Celery task each. A worker claims a chunk's
 requests under a lease of `lease_s` and renews it every `heartbeat_s` while it runs, so a lease only
 expires when its worker is gone; then any worker's sweeper puts the requests back and enqueues them again.
 Redis redelivers an unacknowledged task after `visibility_timeout_s`, which must stay above the longest
@@ -13,8 +18,27 @@ message in Redis (a Redis restart loses them all), once the job's last enqueue i
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+KEY_PREFIX = "specq:"  # kombu's global_keyprefix: every key the broker writes starts with it
+CHUNK_QUEUE = "chunks"  # Celery queue name; its Redis list is KEY_PREFIX + CHUNK_QUEUE
+CHUNK_QUEUE_KEY = KEY_PREFIX + CHUNK_QUEUE  # LLEN of this is the backlog, in chunk tasks
+UNACKED_KEY = "unacked"  # kombu's hash of delivered, not yet acknowledged messages (prefixed too)
+UNACKED_INDEX_KEY = "unacked_index"
+UNACKED_MUTEX_KEY = "unacked_mutex"
+PROCESS_CHUNK_TASK = "specq.process_chunk"  # the task name, so senders need not import the worker
+Chunk = tuple[str, int, int]  # a chunk task's arguments: (job_id, first, end), positions [first, end)
+
+BROKER_ENV = "SPECQ_BROKER_URL"
+
+# A request whose worker died this many times while it was in the engine is failed, not run again (a
+# prompt that crashes the process must not take the fleet down forever); a job may set its own.
+DEFAULT_MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -81,6 +105,53 @@ class QueueSettings:
 
 QUEUE = QueueSettings.from_env()
 
-# A request whose worker died this many times while it was in the engine is failed, not run again (a
-# prompt that crashes the process must not take the fleet down forever); a job may set its own.
-DEFAULT_MAX_ATTEMPTS = 3
+
+def celery_config(queue: QueueSettings = QUEUE) -> dict[str, Any]:
+    """The Celery configuration both sides use: JSON only, late acks, one prefetched task, tasks of
+    lost workers rejected, every key under KEY_PREFIX."""
+    return {
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_ignore_result": True,  # results go to the database, not to a Celery backend
+        "task_acks_late": True,  # ack after the chunk ran: a worker that dies mid-chunk loses no task
+        "task_reject_on_worker_lost": True,  # ... and the task of a lost child process is requeued
+        "worker_prefetch_multiplier": 1,  # a worker holds one chunk at a time; the rest stay for others
+        "task_default_queue": CHUNK_QUEUE,
+        "task_routes": {PROCESS_CHUNK_TASK: {"queue": CHUNK_QUEUE}},
+        "task_create_missing_queues": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": 3,
+        "broker_transport_options": {
+            "visibility_timeout": queue.visibility_timeout_s,
+            "global_keyprefix": KEY_PREFIX,
+            "unacked_key": UNACKED_KEY,
+            "unacked_index_key": UNACKED_INDEX_KEY,
+            "unacked_mutex_key": UNACKED_MUTEX_KEY,
+            "socket_connect_timeout": 5,
+        },
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        "worker_enable_remote_control": False,  # no pidbox fan-out keys: workers are listed from the database
+    }
+
+
+_app: Celery | None = None
+_app_lock = threading.Lock()  # the heartbeat thread may send before the task thread does
+
+
+def celery_app(broker_url: str | None = None) -> Celery:
+    """The process's one Celery app, made on first use with `celery_config()`; `broker_url`, when given,
+    is where it connects from now on. Senders use it by task name; the worker registers its task on it."""
+    global _app
+    with _app_lock:
+        if _app is None:
+            from celery import Celery
+
+            _app = Celery("specq", set_as_current=False)
+            _app.conf.update(celery_config())
+        if broker_url is not None:
+            _app.conf.broker_url = broker_url
+        return _app

@@ -1,0 +1,77 @@
+"""What a chunk runs with, one per worker process (or per in-process `submit`), in three parts:
+
+- `WorkerConfig`: who the worker is and where it reports, fixed for the process (frozen);
+- the resources its chunks use: the database, the model cache, the adaptive-k policies, metrics;
+- `SharedState`: the little the task thread shares with the heartbeat thread (`worker.heartbeat`) and
+  the SIGTERM handler, with the lock that orders them. Nothing else crosses threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specq.db.session import Database
+from specq.queue import QUEUE, Chunk, QueueSettings
+from specq.worker.model_cache import ModelCache
+
+if TYPE_CHECKING:
+    from specq.decoding.k_policy import SpeculationPolicy
+    from specq.worker.metrics import WorkerMetrics
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    name: str  # the lease owner and the workers-table row
+    device: str
+    queue: QueueSettings = QUEUE
+    registered: bool = False  # True: a row in the workers table shows this worker's state
+    broker: str | None = None  # where requests given back are enqueued again; None: in-process
+
+
+class SharedState:
+    """Between the task thread, the heartbeat thread and the SIGTERM handler."""
+
+    def __init__(self) -> None:
+        # set on SIGTERM: the batch in hand finishes, the rest of the chunk goes back to the queue
+        self.stopping = threading.Event()
+        # the claims of the chunk in hand, whose leases the heartbeat renews (replaced, never mutated, so
+        # one read is a consistent snapshot)
+        self.holding: frozenset[int] = frozenset()
+        # chunks a database error cut short -> their claims, which the heartbeat gives back (queued, chunk
+        # enqueued again) as soon as the database answers, instead of leaving them to expire
+        self.abandoned: dict[Chunk, frozenset[int]] = {}
+        # taken while claiming and while giving abandoned claims back: the two never cross
+        self.lock = threading.Lock()
+
+    def abandon(self, chunk: Chunk) -> None:
+        """The chunk in hand was cut short by a database error: its claims are to be given back."""
+        with self.lock:
+            self.abandoned[chunk] = self.abandoned.get(chunk, frozenset()) | self.holding
+
+
+class WorkerContext:
+    def __init__(
+        self,
+        db: Database,
+        name: str,
+        device: str,
+        *,
+        models: ModelCache | None = None,
+        queue: QueueSettings = QUEUE,
+        metrics: WorkerMetrics | None = None,
+        registered: bool = False,
+        broker: str | None = None,
+    ) -> None:
+        self.config = WorkerConfig(name, device, queue, registered, broker)
+        self.db = db
+        self.models = models if models is not None else ModelCache()
+        # one adaptive-k policy per model pair and speculation setting, so the step times and acceptance it
+        # measured carry over from batch to batch instead of being learnt again each time
+        self.policies: dict[tuple, SpeculationPolicy] = {}
+        self.metrics = metrics
+        self.shared = SharedState()
+        # the task thread's own memory: requests this process marked started and has not finished; when
+        # a chunk is retried here (the database went away) they are neither suspects nor counted again
+        self.started: set[int] = set()
