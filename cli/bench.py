@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 from specq.cli.options import (
     generation_options,
     input_limit_options,
