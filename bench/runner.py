@@ -50,6 +50,7 @@ import torch
 
 from specq.bench import hf_baselines
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.limits import BENCH_SPECULATIVE_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +121,7 @@ class BenchSettings:
             raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
         if self.num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
-        if not 1 <= self.num_speculative_tokens <= 32:
-            raise ValueError(f"num_speculative_tokens must be in [1, 32], got {self.num_speculative_tokens}")
+        BENCH_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
         if self.warmup < 0 or self.repeats < 1:
             raise ValueError("warmup must be >= 0 and repeats >= 1")
         if self.hf_assistant_tokens is not None and self.hf_assistant_tokens < 1:

@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 import click
 
 from specq.cli.group import cli
+from specq.cli.options import float_range, int_range
+from specq.limits import BENCH_SPECULATIVE_TOKENS, MAX_TOKENS, TEMPERATURE
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -37,18 +39,18 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     type=click.IntRange(min=1),
     help="Held-out code prompts decoded per run. Default: twice the largest batch size.",
 )
-@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="New tokens per prompt.")
+@click.option("--max-tokens", type=int_range(MAX_TOKENS), default=64, show_default=True, help="New tokens per prompt.")
 @click.option(
     "--num-speculative-tokens",
     "-k",
-    type=click.IntRange(1, 32),
+    type=int_range(BENCH_SPECULATIVE_TOKENS),
     default=4,
     show_default=True,
     help="K: the most draft tokens a step proposes (the K-fixed run always proposes K).",
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(0, 100),
+    type=float_range(TEMPERATURE),
     default=0.0,
     show_default=True,
     help="Sampling temperature; 0 is greedy, where all outputs are checked to be identical.",

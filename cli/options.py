@@ -7,7 +7,8 @@
         with specq_errors():
             ...
 
-No torch here: `decoding` is imported only when a command runs, so `specq --help` stays light.
+The ranges of the sampling and speculation options are specq.limits'. No torch here: `decoding` is
+imported only when a command runs, so `specq --help` stays light.
 """
 
 from __future__ import annotations
@@ -20,11 +21,24 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from specq.errors import BadInputError, JobNotFoundError, ModelLoadError, ServiceUnavailableError, SpecqError
+from specq.limits import BATCH_SIZE, MAX_TOKENS, NUM_SPECULATIVE_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P, Limit
 
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def int_range(limit: Limit) -> click.IntRange:
+    """The click type of an integer option whose values are `limit`'s."""
+    low, high = (None if end is None else int(end) for end in (limit.low, limit.high))
+    return click.IntRange(low, high, min_open=limit.low_open, max_open=limit.high_open)
+
+
+def float_range(limit: Limit) -> click.FloatRange:
+    """The click type of a number option whose values are `limit`'s."""
+    return click.FloatRange(limit.low, limit.high, min_open=limit.low_open, max_open=limit.high_open)
+
 
 DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 GENERATION_PARAMS = (
@@ -58,7 +72,7 @@ _OPTIONS = [
     click.option(
         "--num-speculative-tokens",
         "-k",
-        type=click.IntRange(0, 32),
+        type=int_range(NUM_SPECULATIVE_TOKENS),
         help="K: the most draft tokens a step may propose. [default: 4]",
     ),
     click.option(
@@ -68,28 +82,26 @@ _OPTIONS = [
     ),
     click.option(
         "--max-tokens",
-        type=click.IntRange(1, 1_000_000),
+        type=int_range(MAX_TOKENS),
         help="New tokens per request, unless its line sets max_tokens. [default: 128]",
     ),
     click.option(
         "--temperature",
-        type=click.FloatRange(0, 2),
+        type=float_range(TEMPERATURE),
         help="Sampling temperature, 0 for greedy, unless a line sets it. [default: 1.0]",
     ),
     click.option(
         "--top-p",
-        type=click.FloatRange(0, 1, min_open=True),
+        type=float_range(TOP_P),
         help="Nucleus sampling mass, unless a line sets it. [default: 1.0]",
     ),
-    click.option(
-        "--top-k", type=click.IntRange(min=0), help="Top-k cut, 0 for none, unless a line sets it. [default: 0]"
-    ),
+    click.option("--top-k", type=int_range(TOP_K), help="Top-k cut, 0 for none, unless a line sets it. [default: 0]"),
     click.option(
         "--seed",
-        type=click.IntRange(0, 2**63 - 1),
+        type=int_range(SEED),
         help="Sampling seed for requests whose line sets none. [default: a fresh one per request]",
     ),
-    click.option("--batch-size", type=click.IntRange(min=1), help="Sequences decoded together. [default: 8]"),
+    click.option("--batch-size", type=int_range(BATCH_SIZE), help="Sequences decoded together. [default: 8]"),
     click.option("--device", help="Torch device, e.g. cpu or cuda:0. [default: cuda:0 if available, else cpu]"),
     click.option(
         "--dtype",
