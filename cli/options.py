@@ -1,9 +1,10 @@
-"""What `run` and `submit` share: the generation options, and the mapping of domain errors to exits.
+"""What `run` and `submit` share: the generation options, the input limits, and the mapping of domain errors
+to exits.
 
     @cli.command("run")
     @generation_options
-    def run(..., **options):
-        gen = pop_generation_options(options)   # GenerationOptions: target, draft, decoding, sampling, ...
+    @input_limit_options
+    def run(..., generation: GenerationOptions, input_limits: InputLimits):
         with specq_errors():
             ...
 
@@ -13,6 +14,7 @@ imported only when a command runs, so `specq --help` stays light.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
+Command = Callable[..., None]
 
 
 def int_range(limit: Limit) -> click.IntRange:
@@ -111,16 +114,26 @@ _OPTIONS = [
 ]
 
 
-def generation_options(f: F) -> F:
-    """Add the generation options of the contract to a command (keyword arguments named as
-    GENERATION_PARAMS); read them back with `pop_generation_options`."""
+def generation_options(command: Command) -> Command:
+    """Add the generation options of the contract to a command, which gets them resolved as one keyword
+    argument, `generation: GenerationOptions`."""
+
+    @functools.wraps(command)
+    def with_generation(*args: Any, **kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name in GENERATION_PARAMS}
+        command(*args, generation=_resolve_generation(values), **kwargs)
+
+    decorated: Command = with_generation
     for option in reversed(_OPTIONS):
-        f = option(f)
-    return f
+        decorated = option(decorated)
+    return decorated
 
 
 @dataclass(frozen=True)
 class GenerationOptions:
+    """The resolved generation options; the fields are named as `jobs.local_run.run_file`'s and
+    `jobs.submit.JobSpec`'s keyword arguments."""
+
     target: str
     draft: str | None
     decoding: DecodingConfig
@@ -129,14 +142,13 @@ class GenerationOptions:
     dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
 
 
-def pop_generation_options(params: dict[str, Any]) -> GenerationOptions:
-    """Take the generation options out of a command's keyword arguments and resolve them.
+def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
+    """The generation options from their parsed values (named as GENERATION_PARAMS, None where not given).
 
-    A request's SamplingParams are then `jobs.params.sampling_params(gen.sampling, spec.overrides)`.
+    A request's SamplingParams are then `jobs.params.sampling_params(generation.sampling, spec.overrides)`.
     """
     from specq.decoding.config import DecodingConfig
 
-    values = {name: params.pop(name, None) for name in GENERATION_PARAMS}
     decoding: dict[str, Any] = {"fixed_k": bool(values["fixed_k"])}
     if values["num_speculative_tokens"] is not None:
         decoding["num_speculative_tokens"] = values["num_speculative_tokens"]
@@ -156,27 +168,28 @@ def pop_generation_options(params: dict[str, Any]) -> GenerationOptions:
     )
 
 
-def input_limit_options(f: F) -> F:
-    """--max-line-bytes and --max-input-bytes, read back with `pop_input_limits`."""
-    f = click.option(
+def input_limit_options(command: Command) -> Command:
+    """Add --max-line-bytes and --max-input-bytes to a command, which gets them resolved as one keyword
+    argument, `input_limits: jobs.inputs.InputLimits`."""
+
+    @functools.wraps(command)
+    def with_input_limits(*args: Any, max_line_bytes: int | None, max_input_bytes: int | None, **kwargs: Any) -> None:
+        from specq.jobs.inputs import InputLimits
+
+        command(*args, input_limits=InputLimits.from_env(max_line_bytes, max_input_bytes), **kwargs)
+
+    decorated = click.option(
         "--max-input-bytes",
         type=click.IntRange(min=1),
         envvar="SPECQ_MAX_INPUT_BYTES",
         help="Refuse an input file larger than this. [env: SPECQ_MAX_INPUT_BYTES; default: 4 GiB]",
-    )(f)
+    )(with_input_limits)
     return click.option(
         "--max-line-bytes",
         type=click.IntRange(min=1),
         envvar="SPECQ_MAX_LINE_BYTES",
         help="Report a line longer than this as bad input. [env: SPECQ_MAX_LINE_BYTES; default: 1 MiB]",
-    )(f)
-
-
-def pop_input_limits(params: dict[str, Any]) -> Any:
-    """The jobs.inputs.InputLimits of a command's --max-line-bytes / --max-input-bytes."""
-    from specq.jobs.inputs import InputLimits
-
-    return InputLimits.from_env(params.pop("max_line_bytes", None), params.pop("max_input_bytes", None))
+    )(decorated)
 
 
 def database_option(f: F) -> F:
