@@ -138,3 +138,7 @@ def write_json(results: dict[str, Any], path: str) -> None:
         click.echo(text, nl=False)
     else:
         Path(path).write_text(text)
+
+
+def write_markdown(results: dict[str, Any], path: str) -> None:
+    Path(path).write_text(markdown_tables(results))

@@ -50,6 +50,7 @@ import torch
 
 from specq.bench import hf_baselines
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.limits import BENCH_SPECULATIVE_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +121,7 @@ class BenchSettings:
             raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
         if self.num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
-        if not 1 <= self.num_speculative_tokens <= 32:
-            raise ValueError(f"num_speculative_tokens must be in [1, 32], got {self.num_speculative_tokens}")
+        BENCH_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
         if self.warmup < 0 or self.repeats < 1:
             raise ValueError("warmup must be >= 0 and repeats >= 1")
         if self.hf_assistant_tokens is not None and self.hf_assistant_tokens < 1:
@@ -469,6 +469,69 @@ def run_bench(
         "eos_token_ids": sorted(eos_token_ids),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+def run_benchmark(
+    target: str | None,
+    draft: str | None,
+    settings: BenchSettings,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    threads: int | None = None,
+    command: str | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """The benchmark as `specq bench` runs it: load the pair (target and draft None: the demo pair, built
+    on first use), run `run_bench` on the held-out prompts, and return its results with what they were
+    measured on (`command`, date, machine, models, settings, prompts), ready for report.py.
+
+    `threads`: torch's intra-op threads (None: torch's own choice); `device` None: cuda if available,
+    else cpu. A pair that cannot be loaded raises SpecqError."""
+    from specq.errors import SpecqError
+    from specq.models.loading import load_pair
+
+    if threads:
+        torch.set_num_threads(threads)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    started = time.perf_counter()
+    try:
+        if target is None or draft is None:
+            from specq.models.demo import build_demo_models
+
+            progress("using the demo pair (building it on first use takes a few minutes)")
+            demo = build_demo_models()
+            target, draft = str(demo.target_dir), str(demo.draft_dir)
+        pair = load_pair(target, draft, device, dtype)
+        texts, prompts = prompt_token_ids(pair.tokenizer, settings.num_prompts, settings.prompt_chars)
+    except ValueError as exc:
+        raise SpecqError(str(exc)) from exc
+    progress(
+        f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), max_tokens {settings.max_tokens}, "
+        f"K {settings.num_speculative_tokens}, batch sizes {','.join(map(str, settings.batch_sizes))}, {device}, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    machine = machine_info(device, dtype)
+    results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, settings, progress=progress)
+    return {
+        "command": command,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": {**machine, "load_average_end": list(os.getloadavg())},
+        "models": {
+            "target": target,
+            "draft": draft,
+            "target_params": _params(pair.target),
+            "draft_params": _params(pair.draft),
+        },
+        "settings": {**vars(settings), "device": device, "dtype": machine["dtype"]},
+        "prompts": [{"text": text, "prompt_tokens": len(ids)} for text, ids in zip(texts, prompts, strict=True)],
+        **results,
+    }
+
+
+def _params(model) -> int | None:
+    return None if model is None else sum(p.numel() for p in model.parameters())
 
 
 def _pad_token_id(tokenizer, eos_token_ids: Iterable[int]) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 from specq.cli.options import broker_option, database_option, specq_errors
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
-from datetime import UTC, datetime
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
+from specq.cli.options import float_range, int_range
+from specq.limits import BENCH_SPECULATIVE_TOKENS, MAX_TOKENS, TEMPERATURE
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -37,18 +37,18 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     type=click.IntRange(min=1),
     help="Held-out code prompts decoded per run. Default: twice the largest batch size.",
 )
-@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="New tokens per prompt.")
+@click.option("--max-tokens", type=int_range(MAX_TOKENS), default=64, show_default=True, help="New tokens per prompt.")
 @click.option(
     "--num-speculative-tokens",
     "-k",
-    type=click.IntRange(1, 32),
+    type=int_range(BENCH_SPECULATIVE_TOKENS),
     default=4,
     show_default=True,
     help="K: the most draft tokens a step proposes (the K-fixed run always proposes K).",
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(0, 100),
+    type=float_range(TEMPERATURE),
     default=0.0,
     show_default=True,
     help="Sampling temperature; 0 is greedy, where all outputs are checked to be identical.",
@@ -112,11 +112,8 @@ def bench(
     """
     if (target is None) != (draft is None):
         raise click.UsageError("give both --target and --draft, or neither (the demo pair)")
-    import torch
-
     from specq.bench import report, runner
     from specq.errors import SpecqError
-    from specq.models.loading import load_pair
 
     try:
         settings = runner.BenchSettings(
@@ -135,59 +132,21 @@ def bench(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if threads:
-        torch.set_num_threads(threads)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    started = time.perf_counter()
     try:
-        if target is None:
-            from specq.models.demo import build_demo_models
-
-            click.echo("using the demo pair (building it on first use takes a few minutes)", err=True)
-            demo = build_demo_models()
-            target, draft = str(demo.target_dir), str(demo.draft_dir)
-        pair = load_pair(target, draft, device, dtype)
-        texts, prompts = runner.prompt_token_ids(pair.tokenizer, settings.num_prompts, settings.prompt_chars)
-    except (SpecqError, ValueError) as exc:
+        results = runner.run_benchmark(
+            target,
+            draft,
+            settings,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            command=shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None,
+            progress=lambda line: click.echo(line, err=True),
+        )
+    except SpecqError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(
-        f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), max_tokens {max_tokens}, "
-        f"K {num_speculative_tokens}, batch sizes {','.join(map(str, batch_sizes))}, {device}, "
-        f"{torch.get_num_threads()} torch threads",
-        err=True,
-    )
-    machine = runner.machine_info(device, dtype)
-    results = runner.run_bench(
-        pair.target, pair.draft, pair.tokenizer, prompts, settings, progress=lambda line: click.echo(line, err=True)
-    )
-    results = {
-        "command": shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seconds": round(time.perf_counter() - started, 1),
-        "machine": {**machine, "load_average_end": list(_loadavg())},
-        "models": {
-            "target": target,
-            "draft": draft,
-            "target_params": _params(pair.target),
-            "draft_params": _params(pair.draft),
-        },
-        "settings": {**vars(settings), "device": device, "dtype": machine["dtype"]},
-        "prompts": [{"text": text, "prompt_tokens": len(ids)} for text, ids in zip(texts, prompts, strict=True)],
-        **results,
-    }
     report.print_tables(results)
     if json_path:
         report.write_json(results, json_path)
     if markdown_path:
-        with open(markdown_path, "w") as handle:
-            handle.write(report.markdown_tables(results))
-
-
-def _params(model) -> int | None:
-    return None if model is None else sum(p.numel() for p in model.parameters())
-
-
-def _loadavg() -> tuple[float, float, float]:
-    import os
-
-    return os.getloadavg()
+        report.write_markdown(results, markdown_path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 from specq.cli.options import broker_option, database_option, specq_errors
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 from specq.errors import SpecqError
 
 

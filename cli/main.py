@@ -1,26 +1,11 @@
-"""The `specq` command group. Subcommands live in their own modules and only parse and delegate."""
+"""The `specq` console script: the command group (cli/group.py) with every command registered on it.
+Subcommands live in their own modules and only parse and delegate."""
 
 from __future__ import annotations
 
-import logging
-import os
+from specq.cli.group import cli
 
-import click
-
-from specq import __version__
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="specq")
-@click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
-def cli(verbose: int) -> None:
-    """specq: batch speculative decoding. JSONL in, completions and metrics out."""
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from specq.masking import register_urls
-
-    # credentials come from URLs only; no log line shows them (commands add URLs given as flags)
-    register_urls(os.environ.get("SPECQ_DATABASE_URL"), os.environ.get("SPECQ_BROKER_URL"))
+__all__ = ["cli", "main"]
 
 
 def _register() -> None:

@@ -1,17 +1,20 @@
-"""What `run` and `submit` share: the generation options, and the mapping of domain errors to exits.
+"""What `run` and `submit` share: the generation options, the input limits, and the mapping of domain errors
+to exits.
 
     @cli.command("run")
     @generation_options
-    def run(..., **options):
-        gen = pop_generation_options(options)   # GenerationOptions: target, draft, decoding, sampling, ...
+    @input_limit_options
+    def run(..., generation: GenerationOptions, input_limits: InputLimits):
         with specq_errors():
             ...
 
-No torch here: `decoding` is imported only when a command runs, so `specq --help` stays light.
+The ranges of the sampling and speculation options are specq.limits'. No torch here: `decoding` is
+imported only when a command runs, so `specq --help` stays light.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,11 +23,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from specq.errors import BadInputError, JobNotFoundError, ModelLoadError, ServiceUnavailableError, SpecqError
+from specq.limits import BATCH_SIZE, MAX_TOKENS, NUM_SPECULATIVE_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P, Limit
 
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
+Command = Callable[..., None]
+
+
+def int_range(limit: Limit) -> click.IntRange:
+    """The click type of an integer option whose values are `limit`'s."""
+    low, high = (None if end is None else int(end) for end in (limit.low, limit.high))
+    return click.IntRange(low, high, min_open=limit.low_open, max_open=limit.high_open)
+
+
+def float_range(limit: Limit) -> click.FloatRange:
+    """The click type of a number option whose values are `limit`'s."""
+    return click.FloatRange(limit.low, limit.high, min_open=limit.low_open, max_open=limit.high_open)
+
 
 DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 GENERATION_PARAMS = (
@@ -58,7 +75,7 @@ _OPTIONS = [
     click.option(
         "--num-speculative-tokens",
         "-k",
-        type=click.IntRange(0, 32),
+        type=int_range(NUM_SPECULATIVE_TOKENS),
         help="K: the most draft tokens a step may propose. [default: 4]",
     ),
     click.option(
@@ -68,28 +85,26 @@ _OPTIONS = [
     ),
     click.option(
         "--max-tokens",
-        type=click.IntRange(1, 1_000_000),
+        type=int_range(MAX_TOKENS),
         help="New tokens per request, unless its line sets max_tokens. [default: 128]",
     ),
     click.option(
         "--temperature",
-        type=click.FloatRange(0, 2),
+        type=float_range(TEMPERATURE),
         help="Sampling temperature, 0 for greedy, unless a line sets it. [default: 1.0]",
     ),
     click.option(
         "--top-p",
-        type=click.FloatRange(0, 1, min_open=True),
+        type=float_range(TOP_P),
         help="Nucleus sampling mass, unless a line sets it. [default: 1.0]",
     ),
-    click.option(
-        "--top-k", type=click.IntRange(min=0), help="Top-k cut, 0 for none, unless a line sets it. [default: 0]"
-    ),
+    click.option("--top-k", type=int_range(TOP_K), help="Top-k cut, 0 for none, unless a line sets it. [default: 0]"),
     click.option(
         "--seed",
-        type=click.IntRange(0, 2**63 - 1),
+        type=int_range(SEED),
         help="Sampling seed for requests whose line sets none. [default: a fresh one per request]",
     ),
-    click.option("--batch-size", type=click.IntRange(min=1), help="Sequences decoded together. [default: 8]"),
+    click.option("--batch-size", type=int_range(BATCH_SIZE), help="Sequences decoded together. [default: 8]"),
     click.option("--device", help="Torch device, e.g. cpu or cuda:0. [default: cuda:0 if available, else cpu]"),
     click.option(
         "--dtype",
@@ -99,16 +114,26 @@ _OPTIONS = [
 ]
 
 
-def generation_options(f: F) -> F:
-    """Add the generation options of the contract to a command (keyword arguments named as
-    GENERATION_PARAMS); read them back with `pop_generation_options`."""
+def generation_options(command: Command) -> Command:
+    """Add the generation options of the contract to a command, which gets them resolved as one keyword
+    argument, `generation: GenerationOptions`."""
+
+    @functools.wraps(command)
+    def with_generation(*args: Any, **kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name in GENERATION_PARAMS}
+        command(*args, generation=_resolve_generation(values), **kwargs)
+
+    decorated: Command = with_generation
     for option in reversed(_OPTIONS):
-        f = option(f)
-    return f
+        decorated = option(decorated)
+    return decorated
 
 
 @dataclass(frozen=True)
 class GenerationOptions:
+    """The resolved generation options; the fields are named as `jobs.local_run.run_file`'s and
+    `jobs.submit.JobSpec`'s keyword arguments."""
+
     target: str
     draft: str | None
     decoding: DecodingConfig
@@ -117,14 +142,13 @@ class GenerationOptions:
     dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
 
 
-def pop_generation_options(params: dict[str, Any]) -> GenerationOptions:
-    """Take the generation options out of a command's keyword arguments and resolve them.
+def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
+    """The generation options from their parsed values (named as GENERATION_PARAMS, None where not given).
 
-    A request's SamplingParams are then `jobs.params.sampling_params(gen.sampling, spec.overrides)`.
+    A request's SamplingParams are then `jobs.params.sampling_params(generation.sampling, spec.overrides)`.
     """
     from specq.decoding.config import DecodingConfig
 
-    values = {name: params.pop(name, None) for name in GENERATION_PARAMS}
     decoding: dict[str, Any] = {"fixed_k": bool(values["fixed_k"])}
     if values["num_speculative_tokens"] is not None:
         decoding["num_speculative_tokens"] = values["num_speculative_tokens"]
@@ -144,27 +168,28 @@ def pop_generation_options(params: dict[str, Any]) -> GenerationOptions:
     )
 
 
-def input_limit_options(f: F) -> F:
-    """--max-line-bytes and --max-input-bytes, read back with `pop_input_limits`."""
-    f = click.option(
+def input_limit_options(command: Command) -> Command:
+    """Add --max-line-bytes and --max-input-bytes to a command, which gets them resolved as one keyword
+    argument, `input_limits: jobs.inputs.InputLimits`."""
+
+    @functools.wraps(command)
+    def with_input_limits(*args: Any, max_line_bytes: int | None, max_input_bytes: int | None, **kwargs: Any) -> None:
+        from specq.jobs.inputs import InputLimits
+
+        command(*args, input_limits=InputLimits.from_env(max_line_bytes, max_input_bytes), **kwargs)
+
+    decorated = click.option(
         "--max-input-bytes",
         type=click.IntRange(min=1),
         envvar="SPECQ_MAX_INPUT_BYTES",
         help="Refuse an input file larger than this. [env: SPECQ_MAX_INPUT_BYTES; default: 4 GiB]",
-    )(f)
+    )(with_input_limits)
     return click.option(
         "--max-line-bytes",
         type=click.IntRange(min=1),
         envvar="SPECQ_MAX_LINE_BYTES",
         help="Report a line longer than this as bad input. [env: SPECQ_MAX_LINE_BYTES; default: 1 MiB]",
-    )(f)
-
-
-def pop_input_limits(params: dict[str, Any]) -> Any:
-    """The jobs.inputs.InputLimits of a command's --max-line-bytes / --max-input-bytes."""
-    from specq.jobs.inputs import InputLimits
-
-    return InputLimits.from_env(params.pop("max_line_bytes", None), params.pop("max_input_bytes", None))
+    )(decorated)
 
 
 def database_option(f: F) -> F:

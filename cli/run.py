@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from specq.cli.main import cli
-from specq.cli.options import (
-    generation_options,
-    input_limit_options,
-    pop_generation_options,
-    pop_input_limits,
-    specq_errors,
-)
+from specq.cli.group import cli
+from specq.cli.options import GenerationOptions, generation_options, input_limit_options, specq_errors
 from specq.cli.progress import ProgressBar
+
+if TYPE_CHECKING:
+    from specq.jobs.inputs import InputLimits
 
 
 @cli.command("run")
@@ -31,13 +28,17 @@ from specq.cli.progress import ProgressBar
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr. [default: when it is a terminal]")
 @generation_options
 @input_limit_options
-def run(input_path: str, output_path: str | None, progress: bool | None, **options: Any) -> None:
+def run(
+    input_path: str,
+    output_path: str | None,
+    progress: bool | None,
+    generation: GenerationOptions,
+    input_limits: InputLimits,
+) -> None:
     """Generate for every request of INPUT.jsonl here and now, and write the results.
 
     Exit 0 when every request completed, 1 when any failed (its line then carries the error).
     """
-    gen = pop_generation_options(options)
-    limits = pop_input_limits(options)
     from specq.jobs.local_run import default_output_path, run_file
 
     path = output_path or str(default_output_path(input_path))
@@ -48,15 +49,10 @@ def run(input_path: str, output_path: str | None, progress: bool | None, **optio
             summary = run_file(
                 input_path,
                 out,
-                target=gen.target,
-                draft=gen.draft,
-                decoding=gen.decoding,
-                sampling=gen.sampling,
-                device=gen.device,
-                dtype=gen.dtype,
+                **vars(generation),  # target, draft, decoding, sampling, device, dtype
                 on_start=bar.start,
                 on_progress=bar.progress_of,
-                limits=limits,
+                limits=input_limits,
             )
         finally:
             if out is not sys.stdout:

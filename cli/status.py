@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 from specq.cli.options import database_option, specq_errors
 
 

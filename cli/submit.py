@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 from specq.cli.options import (
+    GenerationOptions,
     broker_option,
     database_option,
     generation_options,
     input_limit_options,
-    pop_generation_options,
-    pop_input_limits,
     specq_errors,
 )
 from specq.cli.progress import ProgressBar
+
+if TYPE_CHECKING:
+    from specq.jobs.inputs import InputLimits
+    from specq.jobs.submit import Submitted
 
 
 def _summary(status: dict[str, Any]) -> None:
@@ -52,59 +55,42 @@ def submit(
     max_attempts: int,
     database_url: str | None,
     broker_url: str | None,
-    **options: Any,
+    generation: GenerationOptions,
+    input_limits: InputLimits,
 ) -> None:
     """Validate the whole file, store the job and enqueue it; print the job id.
 
     With no broker (no --broker-url, no SPECQ_BROKER_URL) the job runs here, in this process, through
     the workers' own code, and is stored in the database all the same.
     """
-    gen = pop_generation_options(options)
-    limits = pop_input_limits(options)
     with specq_errors():
         from specq.jobs.services import broker_url as resolve_broker
         from specq.jobs.submit import JobSpec, submit_job
 
         broker = resolve_broker(broker_url)
         spec = JobSpec(
-            target=gen.target,
-            draft=gen.draft,
-            decoding=gen.decoding.to_dict(),
-            sampling=gen.sampling,
-            device=gen.device,
-            dtype=gen.dtype,
+            target=generation.target,
+            draft=generation.draft,
+            decoding=generation.decoding.to_dict(),
+            sampling=generation.sampling,
+            device=generation.device,
+            dtype=generation.dtype,
             max_attempts=max_attempts,
         )
-        submitted = submit_job(input_path, spec, database_url=database_url, broker=broker, limits=limits)
+        submitted = submit_job(input_path, spec, database_url=database_url, broker=broker, limits=input_limits)
     click.echo(submitted.job_id)
     click.echo(
         f"job {submitted.job_id}: {submitted.total} requests in {len(submitted.chunks)} chunks"
         + (", running here (no broker)" if submitted.embedded else ", queued"),
         err=True,
     )
-
-    worker: threading.Thread | None = None
-    failure: list[BaseException] = []
-    if submitted.embedded:
-        from specq.worker.embedded import run_chunks_here
-
-        def work() -> None:
-            try:
-                run_chunks_here(submitted.db, submitted.chunks, gen.device)
-            except BaseException as exc:  # reported by the main thread
-                failure.append(exc)
-
-        worker = threading.Thread(target=work, name="specq-embedded", daemon=True)
-        worker.start()
-    if not wait and worker is None:
+    if not wait and not submitted.embedded:
         return
+    if not submitted.embedded:
+        from specq.jobs.status import live_workers
 
-    from specq.jobs.control import cancel_job
-    from specq.jobs.status import live_workers
-    from specq.jobs.wait import wait_for_job
-
-    if worker is None and not live_workers(submitted.db):
-        click.echo("no live workers yet: start one with `specq worker`", err=True)
+        if not live_workers(submitted.db):
+            click.echo("no live workers yet: start one with `specq worker`", err=True)
 
     progress = ProgressBar(f"job {submitted.job_id}", submitted.total, show=wait)
 
@@ -114,19 +100,22 @@ def submit(
 
     try:
         with specq_errors(), progress:
-            status = wait_for_job(
-                submitted.db,
-                submitted.job_id,
-                show,
-                give_up=lambda: worker is not None and not worker.is_alive(),
-            )
+            status = _until_done(submitted, generation.device, show)
     except KeyboardInterrupt:
-        if worker is not None:  # the in-process work dies with this process: say so in the store
-            cancel_job(submitted.db, submitted.job_id)
+        if submitted.embedded:  # the job was cancelled: its in-process work dies with this process
             click.echo(f"interrupted: job {submitted.job_id} cancelled; `specq retry` resumes it", err=True)
         raise SystemExit(130) from None
-    if failure:
-        raise click.ClickException(f"job {submitted.job_id} stopped: {failure[0]}")
     _summary(status)
     if wait and status["state"] != "completed":
         raise click.ClickException(f"job {submitted.job_id} {status['state']}")
+
+
+def _until_done(submitted: Submitted, device: str | None, show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Run the job here (no broker) or wait for the workers, until it ends; its last status."""
+    if submitted.embedded:
+        from specq.worker.embedded import run_job_here
+
+        return run_job_here(submitted.db, submitted.job_id, submitted.chunks, device, show)
+    from specq.jobs.wait import wait_for_job
+
+    return wait_for_job(submitted.db, submitted.job_id, show)

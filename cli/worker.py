@@ -6,7 +6,7 @@ import json
 
 import click
 
-from specq.cli.main import cli
+from specq.cli.group import cli
 from specq.cli.options import broker_option, database_option, specq_errors
 
 

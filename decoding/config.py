@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from specq.limits import BATCH_SIZE, NUM_SPECULATIVE_TOKENS
+
 
 @dataclass(frozen=True)
 class DecodingConfig:
@@ -15,10 +17,8 @@ class DecodingConfig:
     probe_interval: int = 16  # adaptive k: every this many steps try a neighbouring k, to keep estimates fresh
 
     def __post_init__(self) -> None:
-        if not 0 <= self.num_speculative_tokens <= 32:
-            raise ValueError(f"num_speculative_tokens must be in [0, 32], got {self.num_speculative_tokens}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
+        BATCH_SIZE.check("batch_size", self.batch_size)
         if self.probe_interval < 2:
             raise ValueError(f"probe_interval must be >= 2, got {self.probe_interval}")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -20,16 +22,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        MAX_TOKENS.check("max_tokens", self.max_tokens)
+        TEMPERATURE.check("temperature", self.temperature)
+        TOP_P.check("top_p", self.top_p)
+        TOP_K.check("top_k", self.top_k)
+        if self.seed is not None:
+            SEED.check("seed", self.seed)
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
 

@@ -20,10 +20,10 @@ Decisions, so callers and users can rely on them:
 - A blank (whitespace-only) line is skipped but still counts for line numbers, so ``LINE`` is always
   the line number an editor shows.
 - An override set to ``null`` counts as not set (the OpenAI API allows ``null`` for them).
-- Ranges: ``max_tokens`` an integer in [1, 1,000,000] (the model's context is checked later, per
-  request), ``temperature`` a number in [0, 2] (OpenAI's range), ``top_p`` in (0, 1], ``top_k`` an integer
-  >= 0, ``seed`` an integer in [0, 2**63), ``stop`` a non-empty string or a list of at most 4 of them.
-  Booleans are not numbers.
+- Ranges are specq.limits': ``max_tokens`` an integer in [1, 1,000,000] (the model's context is checked
+  later, per request), ``temperature`` a number in [0, 2] (OpenAI's range), ``top_p`` in (0, 1], ``top_k``
+  an integer >= 0, ``seed`` an integer in [0, 2**63), ``stop`` a non-empty string or a list of at most 4
+  of them. Booleans are not numbers.
 - Prompts and message contents are non-empty strings; NUL characters and lone surrogates are refused
   because the results store cannot hold them.
 
@@ -53,11 +53,10 @@ import numpy as np
 import orjson
 
 from specq.errors import BadInputError
+from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P, Limit
 
 RequestKind = Literal["completion", "chat"]
 
-MAX_TOKENS_LIMIT = 1_000_000  # a sanity bound; the model's context length is checked per request later
-MAX_STOP_STRINGS = 4  # as in the OpenAI API
 OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
 COMPLETIONS_URL = "/v1/completions"
@@ -158,12 +157,17 @@ def _check_id(name: str, value: Any) -> str:
     return _check_text(name, value)
 
 
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
+def _check_int(name: str, value: Any, limit: Limit) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise LineError(f'"{name}" must be an integer, got {_type_name(value)}')
-    if not low <= value <= high:
-        raise LineError(f'"{name}" must be in [{low}, {high}], got {value}')
+    _check_range(name, value, value, limit)
     return value
+
+
+def _check_range(name: str, number: float, value: Any, limit: Limit) -> None:
+    """`number` is `value` as checked; the message shows `value` as the line wrote it."""
+    if number not in limit:
+        raise LineError(f'"{name}" must be {limit.text()}, got {value}')
 
 
 def _check_number(name: str, value: Any) -> float:
@@ -185,28 +189,18 @@ def _check_stop(name: str, value: Any) -> tuple[str, ...]:
     return tuple(_check_text(f"{name}[{i}]", item) for i, item in enumerate(items))
 
 
+_INT_LIMITS = {"max_tokens": MAX_TOKENS, "top_k": TOP_K, "seed": SEED}
+_NUMBER_LIMITS = {"temperature": TEMPERATURE, "top_p": TOP_P}
+
+
 def _check_override(key: str, name: str, value: Any) -> Any:
     """Validate one override; `name` is how the line spells it (e.g. "body.top_p")."""
-    if key == "max_tokens":
-        return _check_int(name, value, 1, MAX_TOKENS_LIMIT)
-    if key == "temperature":
+    if key in _INT_LIMITS:
+        return _check_int(name, value, _INT_LIMITS[key])
+    if key in _NUMBER_LIMITS:
         number = _check_number(name, value)
-        if not 0.0 <= number <= 2.0:
-            raise LineError(f'"{name}" must be in [0, 2], got {value}')
+        _check_range(name, number, value, _NUMBER_LIMITS[key])
         return number
-    if key == "top_p":
-        number = _check_number(name, value)
-        if not 0.0 < number <= 1.0:
-            raise LineError(f'"{name}" must be in (0, 1], got {value}')
-        return number
-    if key == "top_k":
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise LineError(f'"{name}" must be an integer, got {_type_name(value)}')
-        if value < 0:
-            raise LineError(f'"{name}" must be >= 0, got {value}')
-        return value
-    if key == "seed":
-        return _check_int(name, value, 0, 2**63 - 1)
     return _check_stop(name, value)  # "stop", the last of OVERRIDE_KEYS
 
 

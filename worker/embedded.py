@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from specq.db.session import Database
 
@@ -27,3 +28,42 @@ def run_chunks_here(db: Database, chunks: Iterable[tuple[str, int, int]], device
     finally:
         heartbeat.stop()
         set_context(previous)
+
+
+def run_job_here(
+    db: Database,
+    job_id: str,
+    chunks: Iterable[tuple[str, int, int]],
+    device: str | None,
+    on_status: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """Run a submitted job's chunks in a thread of this process (`run_chunks_here`) and wait until the job
+    ends, passing each status read to `on_status`; return the last status.
+
+    The work dies with this process, so an interrupt (KeyboardInterrupt, Ctrl-C) first cancels the job in
+    the store, where `specq retry` can resume it, then propagates. An error that stops the work is raised
+    as a SpecqError naming the job."""
+    import threading
+
+    from specq.errors import SpecqError
+    from specq.jobs.control import cancel_job
+    from specq.jobs.wait import wait_for_job
+
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            run_chunks_here(db, chunks, device)
+        except BaseException as exc:  # raised again by the waiting thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="specq-embedded", daemon=True)
+    worker.start()
+    try:
+        status = wait_for_job(db, job_id, on_status, give_up=lambda: not worker.is_alive())
+    except KeyboardInterrupt:
+        cancel_job(db, job_id)
+        raise
+    if failure:
+        raise SpecqError(f"job {job_id} stopped: {failure[0]}") from failure[0]
+    return status

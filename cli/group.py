@@ -1,0 +1,23 @@
+"""The `specq` command group. Each command module adds itself to it; cli/main.py imports them all."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from specq import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="specq")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """specq: batch speculative decoding. JSONL in, completions and metrics out."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from specq.masking import register_urls
+
+    # credentials come from URLs only; no log line shows them (commands add URLs given as flags)
+    register_urls(os.environ.get("SPECQ_DATABASE_URL"), os.environ.get("SPECQ_BROKER_URL"))

@@ -1,0 +1,50 @@
+"""The ranges of the sampling and speculation settings, defined once.
+
+Every check derives from these: `SamplingParams` and `DecodingConfig` (decoding/), the input-line checks
+(jobs/inputs.py) and the CLI's click ranges (cli/options.py, cli/bench.py). Plain data: no torch, no click.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A numeric range: `low` and `high` are its ends (None: unbounded), included unless `*_open`."""
+
+    low: int | float | None = None
+    high: int | float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    description: str = ""  # why the range is what it is
+
+    def __contains__(self, value: int | float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def text(self) -> str:
+        """How a message states the range: `in [0, 2]`, `in (0, 1]`, `>= 0`."""
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+    def check(self, name: str, value: int | float) -> None:
+        """Raise ValueError, naming `name`, if `value` is out of the range."""
+        if value not in self:
+            raise ValueError(f"{name} must be {self.text()}, got {value}")
+
+
+MAX_TOKENS = Limit(1, 1_000_000, description="a sanity bound; the model's context is checked per request later")
+TEMPERATURE = Limit(0, 2, description="OpenAI's range; 0 is greedy")
+TOP_P = Limit(0, 1, low_open=True, description="the nucleus' probability mass")
+TOP_K = Limit(0, description="0: no top-k cut")
+SEED = Limit(0, 2**63 - 1, description="a signed 64-bit integer")
+MAX_STOP_STRINGS = 4  # as in the OpenAI API
+NUM_SPECULATIVE_TOKENS = Limit(0, 32, description="K, the most draft tokens a step may propose; 0: no draft")
+BATCH_SIZE = Limit(1, description="sequences decoded together")
+# `specq bench` compares speculation with target-only decoding: it needs K >= 1
+BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")
