@@ -16,7 +16,7 @@ def db() -> None:
 @db.command("upgrade")
 @database_option
 def upgrade(database_url: str | None) -> None:
-    """Create or migrate the schema to the latest revision (other commands also do this on first use)."""
+    """Create or migrate the schema to the latest revision (submit, worker and autoscale also do this)."""
     with specq_errors():
         from specq.db.migrate import upgrade as migrate
         from specq.db.session import open_database

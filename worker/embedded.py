@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from specq.db.session import Database
+from specq.queue import Chunk
 
 
-def run_chunks_here(db: Database, chunks: Iterable[tuple[str, int, int]], device: str | None) -> None:
+def run_chunks_here(db: Database, chunks: Iterable[Chunk], device: str | None) -> None:
     """Run the chunks one after another in this process, exactly as a worker would run their tasks."""
     from specq.models.loading import resolve_device
     from specq.worker.context import WorkerContext
@@ -33,7 +34,7 @@ def run_chunks_here(db: Database, chunks: Iterable[tuple[str, int, int]], device
 def run_job_here(
     db: Database,
     job_id: str,
-    chunks: Iterable[tuple[str, int, int]],
+    chunks: Iterable[Chunk],
     device: str | None,
     on_status: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
