@@ -63,3 +63,29 @@ def test_bad_file_stores_nothing_in_sqlite(tiny_pair, tmp_path, sqlite_url) -> N
     assert count_rows(sqlite_url, Job) == 0 and count_rows(sqlite_url, Request) == 0
     listing = invoke(["status", "--json", "--database-url", sqlite_url])
     assert listing.exit_code == 0 and json.loads(listing.stdout) == []
+
+
+def test_ctrl_c_cancels_the_embedded_job_so_retry_can_resume_it(tiny_pair, tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.fleet_helpers import wait_for
+
+    env = {**os.environ, "SPECQ_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    for name in ("SPECQ_DATABASE_URL", "SPECQ_BROKER_URL"):
+        env.pop(name, None)
+    lines = [{"id": f"q{i}", "prompt": f"def f{i}(x):", "max_tokens": 64, "temperature": 0} for i in range(64)]
+    path = write_requests(tmp_path / "in.jsonl", lines)
+    args = [sys.executable, "-P", "-m", "specq", "submit", path, "--target", tiny_pair[0], "--batch-size", "1"]
+    submit = subprocess.Popen([*args, "--wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert submit.stdout is not None
+    job_id = submit.stdout.readline().strip()  # printed once the job is stored, before it runs
+    wait_for(lambda: job_status(env, job_id)["completed"] > 0, 60, "the job under way")
+    submit.send_signal(signal.SIGINT)
+    _, stderr = submit.communicate(timeout=60)
+    assert submit.returncode == 130, stderr
+    assert f"interrupted: job {job_id} cancelled" in stderr
+    info = job_status(env, job_id)
+    assert info["state"] == "cancelled" and 0 < info["completed"] < 64, info

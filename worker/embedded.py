@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from specq.db.session import Database
 from specq.queue import Chunk
+from specq.worker.context import SharedState
 
 
-def run_chunks_here(db: Database, chunks: Iterable[Chunk], device: str | None) -> None:
-    """Run the chunks one after another in this process, exactly as a worker would run their tasks."""
+def run_chunks_here(
+    db: Database, chunks: Iterable[Chunk], device: str | None, shared: SharedState | None = None
+) -> None:
+    """Run the chunks one after another in this process, exactly as a worker would run their tasks.
+
+    `shared.stopping`, once set, ends the run as SIGTERM ends a worker's: the batch in hand finishes."""
     from specq.models.loading import resolve_device
     from specq.worker.context import WorkerContext
     from specq.worker.heartbeat import Heartbeat
@@ -20,6 +26,8 @@ def run_chunks_here(db: Database, chunks: Iterable[Chunk], device: str | None) -
     previous = get_context_or_none()
     resolved = resolve_device(device)
     ctx = WorkerContext(db=db, name=worker_name(resolved, "embedded"), device=resolved)
+    if shared is not None:
+        ctx.shared = shared
     set_context(ctx)
     heartbeat = Heartbeat(ctx, broker=None)  # renews this process's leases; there is no queue to sweep
     heartbeat.start()
@@ -41,9 +49,10 @@ def run_job_here(
     """Run a submitted job's chunks in a thread of this process (`run_chunks_here`) and wait until the job
     ends, passing each status read to `on_status`; return the last status.
 
-    The work dies with this process, so an interrupt (KeyboardInterrupt, Ctrl-C) first cancels the job in
-    the store, where `specq retry` can resume it, then propagates. An error that stops the work is raised
-    as a SpecqError naming the job."""
+    The work dies with this process, so an interrupt (KeyboardInterrupt, Ctrl-C) cancels the job in the
+    store, where `specq retry` can resume it, lets the batch in hand finish (a thread torn down inside a
+    torch kernel at exit aborts the process) and propagates; a second interrupt leaves at once. An error
+    that stops the work is raised as a SpecqError naming the job."""
     import threading
 
     from specq.errors import SpecqError
@@ -51,10 +60,11 @@ def run_job_here(
     from specq.jobs.wait import wait_for_job
 
     failure: list[BaseException] = []
+    shared = SharedState()
 
     def work() -> None:
         try:
-            run_chunks_here(db, chunks, device)
+            run_chunks_here(db, chunks, device, shared)
         except BaseException as exc:  # raised again by the waiting thread
             failure.append(exc)
 
@@ -64,6 +74,11 @@ def run_job_here(
         status = wait_for_job(db, job_id, on_status, give_up=lambda: not worker.is_alive())
     except KeyboardInterrupt:
         cancel_job(db, job_id)
+        shared.stopping.set()
+        try:
+            worker.join()
+        except KeyboardInterrupt:
+            os._exit(130)  # asked twice: no clean-up, and so no abort from the thread still in a kernel
         raise
     if failure:
         raise SpecqError(f"job {job_id} stopped: {failure[0]}") from failure[0]
