@@ -42,10 +42,12 @@ def rejection_sample(
     index = draft_token_ids.unsqueeze(-1)  # [rows, k, 1]
     draft_token_probs = draft_probs.gather(-1, index).squeeze(-1)  # [rows, k]
     target_token_probs = target_probs[:, :k].gather(-1, index).squeeze(-1)  # [rows, k]
-    # u <= target / draft, written without the division (draft_token_probs > 0 for a sampled token)
+    # u < target / draft, written without the division. Strict: a token the target gives probability 0
+    # is never accepted, not even one its draft gave probability 0 too (0 <= 0 would keep it), and a
+    # token of draft probability 0 that the target allows is accepted, as min(1, target / 0) says.
     positions = torch.arange(k + 1, device=draft_token_ids.device)
     proposed = positions[:k] < num_draft.unsqueeze(1)  # [rows, k]
-    accepted = (accept_uniforms * draft_token_probs <= target_token_probs) & proposed  # [rows, k]
+    accepted = (accept_uniforms * draft_token_probs < target_token_probs) & proposed  # [rows, k]
     num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [rows]
 
     # The one distribution each row samples from: the residual at its first rejection, or, after k

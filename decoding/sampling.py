@@ -47,11 +47,22 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+# A float32 significand holds 24 bits, so (n + 0.5) / 2**23 is exact for every 23-bit n: the uniforms
+# are the 2**23 midpoints of a grid on (0, 1), the smallest 2**-24 and the largest 1 - 2**-24. With 24
+# bits, n + 0.5 needs 25 and the largest value rounds up to exactly 1.0 (once in 2**24 draws).
+UNIFORM_BITS = 23
+
+
+def bits_to_uniforms(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit hash values [any shape] int64 -> float32 uniforms strictly inside (0, 1), by construction."""
+    return ((bits >> (32 - UNIFORM_BITS)).to(torch.float32) + 0.5) * (1.0 / (1 << UNIFORM_BITS))
+
+
 def counter_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: Stream) -> torch.Tensor:
     """Uniforms in (0, 1), one per (row, position): `seeds` [rows] int64, `positions` [rows, T] int64."""
     key = _mix32((seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ _mix32(torch.full_like(seeds, stream))))
     bits = _mix32(_mix32(key[:, None] ^ (positions & _MASK32)) ^ 0x5BD1E995)  # [rows, T]
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return bits_to_uniforms(bits)
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,14 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingTensors) -> torch.Te
 
 
 def sample_from_probs(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sample of each row of (unnormalised, non-negative) `weights` [..., V] with `uniforms` [...]."""
+    """Inverse-CDF sample of each row of (unnormalised, non-negative) `weights` [..., V] with `uniforms` [...].
+
+    Never a token of weight zero, whatever the uniform: the threshold is kept strictly inside
+    (0, total), and the first cumulative weight above it is one that a positive weight raised."""
     cdf = weights.cumsum(dim=-1)  # [..., V]
-    threshold = uniforms.unsqueeze(-1) * cdf[..., -1:]  # [..., 1]
+    total = cdf[..., -1:]  # [..., 1]
+    # u * total rounds up to total for u near 1 (or u == 1 from another source): stay one step below
+    below_total = torch.nextafter(total, torch.zeros_like(total))
+    threshold = torch.minimum(uniforms.unsqueeze(-1) * total, below_total)  # [..., 1]
     token = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
     return token.clamp_(max=weights.shape[-1] - 1)

@@ -73,6 +73,19 @@ def test_greedy_accept_matches_the_target_argmax():
     assert torch.equal(out, target_argmax)
 
 
+def test_draft_token_of_probability_zero_for_both_models_is_rejected():
+    # vLLM and transformers reject it too: u * 0 <= 0 would keep a token the target never produces
+    out, accepted = _one_row([2], [[0.5, 0.5, 0.0]], [[0.6, 0.4, 0.0], [1.0, 0.0, 0.0]], [0.3], [0.5, 0.5])
+    assert accepted.item() == 0
+    assert out[0, 0].item() in (0, 1)
+
+
+def test_draft_token_of_draft_probability_zero_the_target_allows_is_accepted():
+    # min(1, target / 0) = 1: the target's own distribution decides, as in the paper
+    out, accepted = _one_row([2], [[0.5, 0.5, 0.0]], [[0.3, 0.3, 0.4], [1.0, 0.0, 0.0]], [0.999], [0.5, 0.5])
+    assert accepted.item() == 1 and out[0, :2].tolist() == [2, 0]
+
+
 def test_sample_from_probs_never_picks_zero_probability_tokens():
     weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0]]).expand(1000, 5)
     uniforms = torch.linspace(1e-7, 1 - 1e-7, 1000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from scipy.stats import kstest
 
@@ -74,3 +75,33 @@ def test_sample_from_probs_follows_the_distribution():
     frequencies = torch.bincount(tokens, minlength=4).float() / 40_000
     assert frequencies[1] == 0
     assert torch.allclose(frequencies, probs[0], atol=0.01)
+
+
+def test_uniforms_stay_strictly_inside_zero_one_for_every_hash_value():
+    from specq.decoding.sampling import UNIFORM_BITS, bits_to_uniforms
+
+    # every value the construction can take: each distinct (so exact), none 0.0, none 1.0
+    grid = torch.arange(1 << UNIFORM_BITS, dtype=torch.int64) << (32 - UNIFORM_BITS)
+    for low_bits in (0, (1 << (32 - UNIFORM_BITS)) - 1):
+        u = bits_to_uniforms(grid | low_bits)
+        assert u.dtype == torch.float32
+        assert u.min().item() == 2.0**-24 and u.max().item() == 1.0 - 2.0**-24
+        assert torch.unique(u).numel() == 1 << UNIFORM_BITS
+    # why 23 bits: with 24, the largest value rounds up to exactly 1.0 in float32
+    assert ((torch.tensor(2**24 - 1, dtype=torch.float32) + 0.5) * 2.0**-24).item() == 1.0
+
+
+@pytest.mark.parametrize("uniform", [0.0, 2.0**-24, 0.5, 1.0 - 2.0**-24, 1.0])
+def test_sample_from_probs_never_returns_a_zero_probability_token_even_at_the_extremes(uniform):
+    weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0], [0.0, 0.0, 0.0, 1e-30, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]])
+    tokens = sample_from_probs(weights, torch.full((3,), uniform))
+    assert tokens[0].item() in (1, 3) and tokens[1].item() == 3 and tokens[2].item() == 0
+
+
+def test_top_k_1_samples_the_argmax_whatever_the_uniform():
+    logits = torch.randn(4, 1, 50, generator=torch.Generator().manual_seed(3))
+    sampling = SamplingTensors.build([1.0] * 4, [1.0] * 4, [1] * 4, [0] * 4, torch.device("cpu"))
+    probs = logits_to_probs(logits, sampling)
+    for uniform in (0.0, 1.0 - 2.0**-24, 1.0):
+        tokens = sample_from_probs(probs[:, 0], torch.full((4,), uniform))
+        assert torch.equal(tokens, logits[:, 0].argmax(-1))
