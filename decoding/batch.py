@@ -3,7 +3,7 @@ KV cache, and the request that owns each row.
 
 Rows are admitted into free slots (or new rows), released when their request ends, and compacted
 away once no request waits. A proposer keeps per-row state of its own (a draft model's cache and
-lengths); it follows every change of the rows through `Proposer.resize` and `Proposer.release`.
+lengths); it follows every change of the rows through `RowState.resize` and `RowState.release`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -23,9 +23,21 @@ from specq.decoding.types import GenerationRequest
 
 if TYPE_CHECKING:
     from specq.decoding.hf_model import Tokenizer
-    from specq.decoding.proposer import Proposer
 
 _CAPACITY_QUANTUM = 64  # cache columns are allocated in multiples of this, to grow rarely
+
+
+class RowState(Protocol):
+    """State kept per row outside the batch (a proposer's), which follows the batch's rows."""
+
+    def release(self, rows: list[int]) -> None:
+        """These rows' requests ended; the rows idle until reused or dropped."""
+        ...
+
+    def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
+        """Keep rows `keep` (None: all) first, in that order, then add empty rows up to `rows`; make room
+        for `capacity` tokens a row."""
+        ...
 
 
 @dataclass
@@ -52,7 +64,7 @@ class BatchState:
     """Device tensors drive the models; host arrays mirror what sizes and endings need, so the step reads
     the device once."""
 
-    def __init__(self, num_layers: int, device: torch.device, proposer: Proposer | None) -> None:
+    def __init__(self, num_layers: int, device: torch.device, proposer: RowState | None) -> None:
         self.device = device
         self.proposer = proposer
         self.token_ids = torch.zeros(0, 0, dtype=torch.int64, device=device)  # [rows, capacity], left-aligned

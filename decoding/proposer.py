@@ -7,7 +7,8 @@ tokens up (prompt lookup, n-grams) proposes a point mass, `draft_probs` one-hot 
 token, and the acceptance test becomes u <= target_probs[token].
 
 A proposer may keep per-row state (a draft model keeps a KV cache and how much of each row it has
-seen); `BatchState` tells it when rows are added, moved or dropped (`resize`), and freed (`release`).
+seen); `BatchState` tells it when rows are added, moved or dropped (`resize`), and freed (`release`):
+see `RowState`.
 Target-only decoding has no proposer at all (k = 0 every step).
 """
 
@@ -15,15 +16,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
 import torch
 
+from specq.decoding.batch import Admission, BatchState, RowState
+
 if TYPE_CHECKING:
-    from specq.decoding.batch import Admission, BatchState
     from specq.decoding.stats import EngineStats
 
 
-class Proposer(Protocol):
+class Proposer(RowState, Protocol):
     max_k: int  # the most draft tokens one `propose` returns per row
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
@@ -44,13 +45,4 @@ class Proposer(Protocol):
     def advance(self, batch: BatchState) -> None:
         """The step appended each row's output to `batch` (`seq_lens` moved on): roll back per row what
         followed a rejected draft token."""
-        ...
-
-    def release(self, rows: list[int]) -> None:
-        """These rows' requests ended; the rows idle until reused (`admit`) or dropped (`resize`)."""
-        ...
-
-    def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
-        """Keep rows `keep` (None: all) first, in that order, then add empty rows up to `rows`; make room
-        for `capacity` tokens a row."""
         ...
