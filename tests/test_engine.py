@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-from tests.tiny_models import BOS, IdTokenizer, noisy_copy, reference_greedy, tiny_llama
+from tests.tiny_models import BOS, IdTokenizer, RepeatLastToken, noisy_copy, reference_greedy, tiny_llama, with_proposer
 
 
 @pytest.fixture(scope="module")
@@ -305,3 +307,23 @@ def test_a_long_completion_with_a_late_stop_string(target, any_draft):
     (unstopped,) = engine.generate([GenerationRequest(1, tuple(prompt), SamplingParams(240, 0.0, stop=(absent,)))])
     assert unstopped.token_ids == natural and unstopped.finish_reason == "length"
     assert unstopped.text == IdTokenizer().decode(natural)
+
+
+def test_a_model_free_proposer_plugs_in(target, prompts):
+    """The step does not know its proposer is a model: a point-mass one decodes the same tokens."""
+    config = DecodingConfig(num_speculative_tokens=3, fixed_k=True, batch_size=4, strict=True)
+    engine = with_proposer(SpeculativeEngine(target, IdTokenizer(), target, config), RepeatLastToken(3, 64))
+    results = {r.key: r for r in engine.generate(_greedy_requests(prompts))}
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 24)
+    assert engine.stats.num_draft_tokens > 0 and engine.stats.draft_forwards == 0
+    sampled = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=20, temperature=0.9, seed=100 + i))
+        for i, p in enumerate(prompts)
+    ]
+    batched = {r.key: r.token_ids for r in engine.generate(sampled)}
+    for request in sampled:
+        (alone,) = with_proposer(
+            SpeculativeEngine(target, IdTokenizer(), target, replace(config, batch_size=1)), RepeatLastToken(3, 64)
+        ).generate([request])
+        assert alone.token_ids == batched[request.key]
