@@ -30,8 +30,9 @@ _CAPACITY_QUANTUM = 64  # cache columns are allocated in multiples of this, to g
 class RowState(Protocol):
     """State kept per row outside the batch (a proposer's), which follows the batch's rows."""
 
-    def release(self, rows: list[int]) -> None:
-        """These rows' requests ended; the rows idle until reused or dropped."""
+    def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
+        """These rows' requests ended (`rows_t`: the same rows on the device); the rows idle until reused
+        or dropped."""
         ...
 
     def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
@@ -140,14 +141,14 @@ class BatchState:
         """Free the rows of requests that ended."""
         for row in rows:
             self.slots[row] = None
-        rows_t = torch.tensor(rows, device=self.device)
+        rows_t = torch.tensor(rows, device=self.device)  # [ended]
         self.active[rows_t] = 0
         # A finished row idles at length 1 until it is reused or dropped: cheap, and never NaN.
         self.seq_lens[rows_t] = 1
         self.seq_h[rows] = 1
         self.has_stops_h[rows] = False
         if self.proposer is not None:
-            self.proposer.release(rows)
+            self.proposer.release(rows, rows_t)
 
     def compact(self) -> None:
         """Drop finished rows when they are at least half the batch (called once no request waits)."""

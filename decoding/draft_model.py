@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from specq.decoding.hf_model import RaggedLM
+from specq.decoding.hf_model import LAST_ONLY, RaggedLM
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, sample_from_probs
 
 if TYPE_CHECKING:
     from specq.decoding.batch import Admission, BatchState
     from specq.decoding.stats import EngineStats
-
-_LAST = 1  # logits_to_keep: the last position only (a prefill whose logits nobody reads)
 
 
 class DraftModelProposer:
@@ -39,13 +37,12 @@ class DraftModelProposer:
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
         # All but each prompt's last token: the target verifies that one together with the first draft tokens.
-        lengths = admission.prompt_lens  # [n]
-        self.draft_lens[admission.rows_t] = torch.from_numpy(lengths - 1).to(self.draft_lens.device)
-        self.draft_h[admission.rows] = lengths - 1
+        self.draft_lens[admission.rows_t] = batch.seq_lens[admission.rows_t] - 1
+        self.draft_h[admission.rows] = admission.prompt_lens - 1
         width = admission.prompt_ids.shape[1]
         if width > 1:
             inputs = admission.prompt_ids[:, : width - 1]  # [n, width - 1]
-            self.lm.prefill(self.cache, admission.rows_t, inputs, self.vocab_size, keep=_LAST)
+            self.lm.prefill(self.cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
             stats.draft_forwards += 1
 
     def propose(self, batch: BatchState, k: int, stats: EngineStats) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -58,7 +55,9 @@ class DraftModelProposer:
         kv_length = min(int((self.draft_h + width).max()), batch.capacity)
         input_ids = batch.token_ids.gather(1, columns)  # [rows, width]
         logits = self._forward(input_ids, columns, kv_length, stats)  # [rows, width, V]
-        last_logits = logits.gather(1, (unseen - 1).view(-1, 1, 1).expand(-1, 1, logits.shape[-1])).squeeze(1)
+        last_logits = logits.gather(1, (unseen - 1).view(-1, 1, 1).expand(-1, 1, logits.shape[-1])).squeeze(
+            1
+        )  # [rows, V]
         token_ids: list[torch.Tensor] = []  # k of [rows]
         probs: list[torch.Tensor] = []  # k of [rows, V]
         for i in range(k):
@@ -86,8 +85,8 @@ class DraftModelProposer:
         self.draft_lens = torch.minimum(self.draft_lens, batch.seq_lens - 1)
         self.draft_h = np.minimum(self.draft_h, batch.seq_h - 1)
 
-    def release(self, rows: list[int]) -> None:
-        self.draft_lens[torch.tensor(rows, device=self.draft_lens.device)] = 0
+    def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
+        self.draft_lens[rows_t] = 0
         self.draft_h[rows] = 0
 
     def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:

@@ -43,7 +43,7 @@ import torch
 from specq.decoding.batch import Admission, BatchState
 from specq.decoding.config import DecodingConfig
 from specq.decoding.draft_model import DraftModelProposer
-from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer, decode, eos_token_ids, start_token_id
+from specq.decoding.hf_model import LAST_ONLY, CausalLM, RaggedLM, Tokenizer, decode, eos_token_ids, start_token_id
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.proposer import Proposer
 from specq.decoding.rejection import greedy_accept, rejection_sample
@@ -52,7 +52,6 @@ from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
 
 RUNNING, FINISHED_STOP, FINISHED_LENGTH = 0, 1, 2
-_LAST = 1  # logits_to_keep: the last position only (a prefill whose logits nobody reads)
 
 
 @dataclass
@@ -235,7 +234,7 @@ class SpeculativeEngine:
             width = prompt_ids.shape[1]
             if width > 1:
                 inputs = prompt_ids[:, : width - 1]  # [n, width - 1]
-                self.target_lm.prefill(batch.target_cache, admission.rows_t, inputs, self.vocab_size, keep=_LAST)
+                self.target_lm.prefill(batch.target_cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
                 self.stats.target_forwards += 1
             if self.proposer is not None:
                 self.proposer.admit(batch, admission, self.stats)

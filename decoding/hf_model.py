@@ -16,6 +16,8 @@ import torch
 
 from specq.decoding.kv_cache import RaggedKVCache
 
+LAST_ONLY = 1  # `keep` of a prefill whose logits nobody reads: the last position only
+
 
 class CausalLM(Protocol):
     """The part of a Hugging Face causal LM (`PreTrainedModel`) the engine uses."""

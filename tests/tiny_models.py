@@ -136,7 +136,7 @@ class RepeatLastToken:
     def advance(self, batch) -> None:
         pass
 
-    def release(self, rows) -> None:
+    def release(self, rows, rows_t) -> None:
         pass
 
     def resize(self, rows, capacity, keep) -> None:
