@@ -25,8 +25,12 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict, deque
+from collections.abc import Mapping
+from typing import TypeVar
 
 import numpy as np
+
+_T = TypeVar("_T")
 
 _WINDOW = 15  # steps a timing median covers
 _ACCEPT_DECAY = 0.995  # acceptance counts fade so the estimate follows the prompt mix
@@ -129,7 +133,7 @@ def _value(timing: _Timing | None) -> float | None:
     return None if timing is None else timing.value
 
 
-def _nearest(table: dict, rows: int):
+def _nearest(table: Mapping[int, _T], rows: int) -> _T | None:
     if rows in table:
         return table[rows]
     if not table:

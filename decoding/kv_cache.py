@@ -19,6 +19,7 @@ Face causal LM whose attention layers call `cache.update` and accept a prepared 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -37,7 +38,7 @@ class RaggedLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, owner: RaggedKVCache):
+    def __init__(self, owner: RaggedKVCache) -> None:
         super().__init__()
         self.owner = owner
 
@@ -50,7 +51,7 @@ class RaggedLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states: [rows or n, kv_heads, T, head_dim]
         if not self.is_initialized:
@@ -100,7 +101,7 @@ class RaggedLayer(CacheLayerMixin):
 class RaggedKVCache(Cache):
     """Per-row-length KV cache for one model. Row lengths live with the caller (the engine's batch)."""
 
-    def __init__(self, num_layers: int, num_rows: int, capacity: int):
+    def __init__(self, num_layers: int, num_rows: int, capacity: int) -> None:
         self.num_rows = num_rows
         self.capacity = capacity
         self.plan = WritePlan(columns=None, rows=None, kv_length=0)

@@ -1,6 +1,50 @@
-"""Stop strings: find the first one in a growing completion and cut the tokens before it."""
+"""Stop strings: find the first one in a growing completion and cut the tokens before it.
+
+Each step decodes only the row's new tokens, with a few tokens before them as context (a
+SentencePiece tokenizer drops the leading space of the first token it decodes, so the decode of a
+suffix is not always the suffix of the decode), and searches a bounded tail of the text: the last
+`longest stop - 1` characters already searched, so a stop string spanning steps is still found, plus
+the new text. A decode that ends inside a multi-byte character ends in U+FFFD; those tokens stay
+in the window until the character completes. Only when a stop string shows up is the whole
+completion decoded again, to cut it exactly where a full decode would.
+"""
 
 from __future__ import annotations
+
+from specq.decoding.hf_model import Tokenizer, decode
+
+_CONTEXT_TOKENS = 4  # tokens decoded again before the new ones, for the tokenizers described above
+_INCOMPLETE = "\ufffd"
+
+
+class IncrementalText:
+    """The text of a growing token list, decoded a few tokens at a time (the idea of text-generation-
+    inference's and vLLM's incremental detokenizers)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.length = 0  # characters of committed text: the decode of tokens[:read_offset]
+        self.prefix_offset = 0  # first token of the decoding window (context already in the text)
+        self.read_offset = 0  # tokens whose text is committed
+
+    def extend(self, new_tokens: list[int]) -> tuple[str, str]:
+        """Add tokens; returns (newly committed text, pending text). Pending text belongs to tokens whose
+        decode is not final yet (it ends inside a character); it is returned again, completed, later."""
+        self.tokens.extend(new_tokens)
+        window = decode(self.tokenizer, self.tokens[self.prefix_offset :])
+        context = decode(self.tokenizer, self.tokens[self.prefix_offset : self.read_offset])
+        if not window.startswith(context):
+            # The context decodes differently on its own: fall back to the whole text this once.
+            window = decode(self.tokenizer, self.tokens)
+            context = decode(self.tokenizer, self.tokens[: self.read_offset])
+        new_text = window[len(context) :]
+        if new_text.endswith(_INCOMPLETE):
+            return "", new_text
+        self.length += len(new_text)
+        self.read_offset = len(self.tokens)
+        self.prefix_offset = max(0, self.read_offset - _CONTEXT_TOKENS)
+        return new_text, ""
 
 
 class StopChecker:
@@ -10,31 +54,45 @@ class StopChecker:
     token ends the completion at the token boundary before it.
     """
 
-    def __init__(self, tokenizer, stops: tuple[str, ...]):
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
         self.stops = stops
         self.longest = max(len(s) for s in stops)
-        self.tokens: list[int] = []
+        self.text = IncrementalText(tokenizer)
+        self.tail = ""  # committed text from character `tail_start` on
+        self.tail_start = 0
         self.searched = 0  # characters of the text already searched
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.text.tokens
 
     def feed(self, new_tokens: list[int]) -> list[int] | None:
         if not new_tokens:
             return None
-        self.tokens.extend(new_tokens)
-        text = self._decode(self.tokens)
+        committed, pending = self.text.extend(new_tokens)
+        self.tail += committed
+        text = self.tail + pending  # the completion's text from `tail_start` on
         start = max(0, self.searched - self.longest + 1)
+        hit = any(text.find(stop, start - self.tail_start) >= 0 for stop in self.stops)
+        self.searched = self.tail_start + len(text)
+        # the next search starts at most `longest - 1` characters back; pending text is not kept
+        drop = min(max(0, self.searched - self.longest + 1), self.text.length) - self.tail_start
+        if drop > 0:
+            self.tail, self.tail_start = self.tail[drop:], self.tail_start + drop
+        return self._cut(start) if hit else None
+
+    def _cut(self, start: int) -> list[int] | None:
+        """The tokens before the first stop string at or after character `start` of the whole text."""
+        text = decode(self.tokenizer, self.tokens)
         hits = [i for i in (text.find(stop, start) for stop in self.stops) if i >= 0]
-        self.searched = len(text)
         if not hits:
             return None
         cut = min(hits)
         keep = len(self.tokens)
         while keep > 0:
-            prefix = self._decode(self.tokens[:keep])
+            prefix = decode(self.tokenizer, self.tokens[:keep])
             if len(prefix) <= cut and text.startswith(prefix):
                 break
             keep -= 1
         return self.tokens[:keep]
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

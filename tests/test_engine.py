@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-from tests.tiny_models import BOS, IdTokenizer, noisy_copy, reference_greedy, tiny_llama
+from tests.tiny_models import BOS, IdTokenizer, RepeatLastToken, noisy_copy, reference_greedy, tiny_llama, with_proposer
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +267,63 @@ def test_a_request_can_end_on_its_first_token(target, any_draft, prompts, ending
     assert results[0].token_ids == ([natural[0]] if ending == "length" else [])
     assert results[0].finish_reason == ("length" if ending == "length" else "stop")
     assert results[1].token_ids == reference_greedy(target, prompts[2], 4, eos=10_000)
+
+
+def _cut_at_stop(tokens: list[int], stop: str) -> list[int]:
+    """The tokens before `stop` in their text, up to the token boundary at or before it."""
+    tokenizer = IdTokenizer()
+    at = tokenizer.decode(tokens).index(stop)
+    keep = len(tokens)
+    while len(tokenizer.decode(tokens[:keep])) > at:
+        keep -= 1
+    return tokens[:keep]
+
+
+def test_a_stop_string_spanning_a_token_boundary(target, any_draft, prompts):
+    natural = reference_greedy(target, prompts[4], 20, eos=None)
+    stop = f"{natural[7]}><{natural[8]}"  # begins inside one token and ends inside the next
+    params = SamplingParams(max_tokens=20, temperature=0.0, stop=(stop,))
+    engine = SpeculativeEngine(target, _TokenizerWithEos(10_000), any_draft, DecodingConfig(strict=True))
+    (result,) = engine.generate([GenerationRequest(0, tuple(prompts[4]), params)])
+    expected = _cut_at_stop(natural, stop)
+    assert result.token_ids == expected and len(expected) <= 7
+    assert result.text == IdTokenizer().decode(expected) and result.finish_reason == "stop"
+
+
+def test_a_long_completion_with_a_late_stop_string(target, any_draft):
+    prompt = [9, 4, 33]
+    natural = reference_greedy(target, prompt, 240, eos=None)
+    tail = natural[200:]
+    stop = "".join(f"<{t}>" for t in tail[:3])[2:-1]  # a late one, across token boundaries
+    absent = "<64>"  # outside the vocabulary: never seen, searched all the way
+    params = SamplingParams(max_tokens=240, temperature=0.0, stop=(absent, stop))
+    engine = SpeculativeEngine(
+        target, _TokenizerWithEos(10_000), any_draft, DecodingConfig(num_speculative_tokens=4, strict=True)
+    )
+    (result,) = engine.generate([GenerationRequest(0, tuple(prompt), params)])
+    expected = _cut_at_stop(natural, stop)
+    assert result.token_ids == expected and len(expected) <= 200
+    assert result.text == IdTokenizer().decode(expected) and result.finish_reason == "stop"
+    (unstopped,) = engine.generate([GenerationRequest(1, tuple(prompt), SamplingParams(240, 0.0, stop=(absent,)))])
+    assert unstopped.token_ids == natural and unstopped.finish_reason == "length"
+    assert unstopped.text == IdTokenizer().decode(natural)
+
+
+def test_a_model_free_proposer_plugs_in(target, prompts):
+    """The step does not know its proposer is a model: a point-mass one decodes the same tokens."""
+    config = DecodingConfig(num_speculative_tokens=3, fixed_k=True, batch_size=4, strict=True)
+    engine = with_proposer(SpeculativeEngine(target, IdTokenizer(), target, config), RepeatLastToken(3, 64))
+    results = {r.key: r for r in engine.generate(_greedy_requests(prompts))}
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 24)
+    assert engine.stats.num_draft_tokens > 0 and engine.stats.draft_forwards == 0
+    sampled = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=20, temperature=0.9, seed=100 + i))
+        for i, p in enumerate(prompts)
+    ]
+    batched = {r.key: r.token_ids for r in engine.generate(sampled)}
+    for request in sampled:
+        (alone,) = with_proposer(
+            SpeculativeEngine(target, IdTokenizer(), target, replace(config, batch_size=1)), RepeatLastToken(3, 64)
+        ).generate([request])
+        assert alone.token_ids == batched[request.key]

@@ -15,7 +15,7 @@ from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, Sp
 from specq.decoding import engine as decoding_engine
 from specq.decoding.rejection import rejection_sample
 from specq.decoding.sampling import sample_from_probs
-from tests.tiny_models import IdTokenizer, tiny_llama
+from tests.tiny_models import IdTokenizer, RepeatLastToken, tiny_llama, with_proposer
 
 VOCAB, SAMPLES, PROMPT = 8, 12_000, (2, 5, 3)
 
@@ -36,7 +36,7 @@ def _exact_joint(target, temperature: float) -> torch.Tensor:
     return first[:, None] * second
 
 
-def _sampled_joint(target, draft, temperature: float) -> torch.Tensor:
+def _sampled_joint(target, draft, temperature: float, point_mass: bool = False) -> torch.Tensor:
     requests = [
         GenerationRequest(i, PROMPT, SamplingParams(max_tokens=3, temperature=temperature, seed=i))
         for i in range(SAMPLES)
@@ -45,6 +45,8 @@ def _sampled_joint(target, draft, temperature: float) -> torch.Tensor:
     engine = SpeculativeEngine(
         target, _NoEos(), draft, DecodingConfig(num_speculative_tokens=2, fixed_k=True, batch_size=2048)
     )
+    if point_mass:  # a model-free proposer in the draft's place
+        engine = with_proposer(engine, RepeatLastToken(2, VOCAB))
     counts = torch.zeros(VOCAB, VOCAB)
     for result in engine.generate(requests):
         counts[result.token_ids[0], result.token_ids[1]] += 1
@@ -96,6 +98,11 @@ def _recovers_from_the_target(draft_token_ids, draft_probs, target_probs, u_acce
         target_probs[rows[rejected], at[rejected]], u_target[rows[rejected], at[rejected]]
     )
     return out, accepted
+
+
+def test_a_point_mass_proposer_keeps_the_target_distribution(models):
+    target, draft = models
+    assert _pvalue(_sampled_joint(target, draft, 1.0, point_mass=True), _exact_joint(target, 1.0)) > 1e-3
 
 
 @pytest.mark.parametrize("wrong_sampler", [_keeps_rejected_drafts, _recovers_from_the_target])

@@ -114,3 +114,36 @@ def save_tiny_pair(root: Path) -> tuple[str, str]:
         tokenizer.save_pretrained(root / name)
         dirs.append(str(root / name))
     return dirs[0], dirs[1]
+
+
+class RepeatLastToken:
+    """A model-free proposer (`specq.decoding.proposer.Proposer`): k copies of each row's last token,
+    proposed as a point mass (draft_probs one-hot), as prompt lookup or n-gram proposers do."""
+
+    def __init__(self, max_k: int, vocab_size: int):
+        self.max_k, self.vocab_size = max_k, vocab_size
+
+    def admit(self, batch, admission, stats) -> None:
+        pass
+
+    def propose(self, batch, k: int, stats):
+        last = batch.token_ids.gather(1, (batch.seq_lens - 1).unsqueeze(1))  # [rows, 1]
+        draft_token_ids = last.expand(-1, k).contiguous()  # [rows, k]
+        if batch.sampling.all_greedy:
+            return draft_token_ids, None
+        return draft_token_ids, torch.nn.functional.one_hot(draft_token_ids, self.vocab_size).float()
+
+    def advance(self, batch) -> None:
+        pass
+
+    def release(self, rows, rows_t) -> None:
+        pass
+
+    def resize(self, rows, capacity, keep) -> None:
+        pass
+
+
+def with_proposer(engine, proposer):
+    """`engine` (built with a draft, so it speculates) with `proposer` in the draft model's place."""
+    engine.proposer = proposer
+    return engine

@@ -1,0 +1,200 @@
+"""The rows being decoded: each row's sequence and lengths on the device, their host mirrors, the target's
+KV cache, and the request that owns each row.
+
+Rows are admitted into free slots (or new rows), released when their request ends, and compacted
+away once no request waits. A proposer keeps per-row state of its own (a draft model's cache and
+lengths); it follows every change of the rows through `RowState.resize` and `RowState.release`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+
+from specq.decoding.kv_cache import RaggedKVCache
+from specq.decoding.sampling import SamplingTensors
+from specq.decoding.stopping import StopChecker
+from specq.decoding.types import GenerationRequest
+
+if TYPE_CHECKING:
+    from specq.decoding.hf_model import Tokenizer
+
+_CAPACITY_QUANTUM = 64  # cache columns are allocated in multiples of this, to grow rarely
+
+
+class RowState(Protocol):
+    """State kept per row outside the batch (a proposer's), which follows the batch's rows."""
+
+    def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
+        """These rows' requests ended (`rows_t`: the same rows on the device); the rows idle until reused
+        or dropped."""
+        ...
+
+    def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
+        """Keep rows `keep` (None: all) first, in that order, then add empty rows up to `rows`; make room
+        for `capacity` tokens a row."""
+        ...
+
+
+@dataclass
+class Slot:
+    """Host-side state of one live request."""
+
+    request: GenerationRequest
+    seed: int
+    started: float
+    stops: StopChecker | None
+
+
+@dataclass
+class Admission:
+    """Requests just placed into rows, their prompts written; what the prefills need."""
+
+    rows: np.ndarray  # [n] int64
+    rows_t: torch.Tensor  # [n] int64, the same rows on the device
+    prompt_ids: torch.Tensor  # [n, width] int64, right-padded with 0
+    prompt_lens: np.ndarray  # [n] int64
+
+
+class BatchState:
+    """Device tensors drive the models; host arrays mirror what sizes and endings need, so the step reads
+    the device once."""
+
+    def __init__(self, num_layers: int, device: torch.device, proposer: RowState | None) -> None:
+        self.device = device
+        self.proposer = proposer
+        self.token_ids = torch.zeros(0, 0, dtype=torch.int64, device=device)  # [rows, capacity], left-aligned
+        self.seq_lens = torch.zeros(0, dtype=torch.int64, device=device)  # [rows]
+        # [rows] 1 for a live row, 0 for a finished row that waits to be reused or dropped
+        self.active = torch.zeros(0, dtype=torch.int64, device=device)
+        self.target_cache = RaggedKVCache(num_layers, 0, 0)
+        self.sampling = SamplingTensors.build([], [], [], [], device)
+        self.slots: list[Slot | None] = []
+        # host mirrors, [rows] int64
+        self.seq_h = np.zeros(0, np.int64)
+        self.prompt_h = np.zeros(0, np.int64)
+        self.max_tokens_h = np.zeros(0, np.int64)
+        self.generated_h = np.zeros(0, np.int64)
+        self.draft_tokens_h = np.zeros(0, np.int64)
+        self.accepted_h = np.zeros(0, np.int64)
+        self.has_stops_h = np.zeros(0, bool)
+        self._aranges = torch.arange(1024, device=device)
+
+    @property
+    def rows(self) -> int:
+        return len(self.slots)
+
+    @property
+    def capacity(self) -> int:
+        return self.token_ids.shape[1]
+
+    def live_rows(self) -> np.ndarray:
+        return np.array([i for i, slot in enumerate(self.slots) if slot is not None], dtype=np.int64)
+
+    def num_live(self) -> int:
+        return sum(slot is not None for slot in self.slots)
+
+    def arange(self, n: int) -> torch.Tensor:
+        """torch.arange(n) on the device, from a cached one (a step needs several)."""
+        if self._aranges.numel() < n:
+            self._aranges = torch.arange(max(n, 2 * self._aranges.numel()), device=self.device)
+        return self._aranges[:n]
+
+    # -- admit, release, compact --------------------------------------------------------------------
+    def admit(self, requests: list[GenerationRequest], tokenizer: Tokenizer, extra_columns: int) -> Admission:
+        """Place `requests` into free rows (new ones past them) and write their prompts; each row gets room
+        for its prompt, its max_tokens and `extra_columns` more (a step's draft tokens)."""
+        need = max(len(r.prompt_token_ids) + r.params.max_tokens for r in requests) + extra_columns
+        rows = [i for i, slot in enumerate(self.slots) if slot is None][: len(requests)]
+        extra = len(requests) - len(rows)
+        rows += list(range(self.rows, self.rows + extra))
+        self._resize(self.rows + extra, max(self.capacity, need))
+        now = time.perf_counter()
+        for row, request in zip(rows, requests, strict=True):
+            params = request.params
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            stops = StopChecker(tokenizer, params.stop) if params.stop else None
+            self.slots[row] = Slot(request, seed, now, stops)
+            self.has_stops_h[row] = stops is not None
+
+        prompts = [list(r.prompt_token_ids) for r in requests]
+        width = max(len(p) for p in prompts)
+        prompt_ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)  # [n, width]
+        rows_t = torch.tensor(rows, device=self.device)  # [n]
+        rows_h = np.array(rows, np.int64)
+        lengths_h = np.array([len(p) for p in prompts], np.int64)  # [n]
+        self.token_ids[rows_t, :width] = prompt_ids
+        self.seq_lens[rows_t] = torch.from_numpy(lengths_h).to(self.device)
+        self.active[rows_t] = 1
+        self.seq_h[rows_h] = self.prompt_h[rows_h] = lengths_h
+        self.max_tokens_h[rows_h] = [r.params.max_tokens for r in requests]
+        self.generated_h[rows_h] = self.draft_tokens_h[rows_h] = self.accepted_h[rows_h] = 0
+        self._refresh_sampling()
+        return Admission(rows=rows_h, rows_t=rows_t, prompt_ids=prompt_ids, prompt_lens=lengths_h)
+
+    def release(self, rows: list[int]) -> None:
+        """Free the rows of requests that ended."""
+        for row in rows:
+            self.slots[row] = None
+        rows_t = torch.tensor(rows, device=self.device)  # [ended]
+        self.active[rows_t] = 0
+        # A finished row idles at length 1 until it is reused or dropped: cheap, and never NaN.
+        self.seq_lens[rows_t] = 1
+        self.seq_h[rows] = 1
+        self.has_stops_h[rows] = False
+        if self.proposer is not None:
+            self.proposer.release(rows, rows_t)
+
+    def compact(self) -> None:
+        """Drop finished rows when they are at least half the batch (called once no request waits)."""
+        live = self.live_rows()
+        if live.size and live.size * 2 <= self.rows:
+            self._resize(rows=live.size, capacity=self.capacity, keep=live)
+
+    def _resize(self, rows: int, capacity: int, keep: np.ndarray | None = None) -> None:
+        """Keep rows `keep` (default: all) first, then add empty rows up to `rows`; grow to `capacity`."""
+        capacity = -(-capacity // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM
+        if keep is None and rows == self.rows and capacity == self.capacity:
+            return
+        keep_t = None if keep is None else torch.as_tensor(keep, device=self.device)
+        kept = self.rows if keep is None else len(keep)
+        add = rows - kept
+
+        def device_rows(t: torch.Tensor, fill: int) -> torch.Tensor:
+            t = t if keep_t is None else t.index_select(0, keep_t)
+            return torch.cat([t, torch.full((add, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)])
+
+        def host_rows(a: np.ndarray, fill: int) -> np.ndarray:
+            a = a if keep is None else a[keep]
+            return np.concatenate([a, np.full(add, fill, a.dtype)])
+
+        token_ids = self.token_ids if keep_t is None else self.token_ids.index_select(0, keep_t)
+        self.token_ids = torch.zeros(rows, capacity, dtype=torch.int64, device=self.device)
+        width = min(token_ids.shape[1], capacity)
+        self.token_ids[:kept, :width] = token_ids[:, :width]
+        self.seq_lens, self.active = device_rows(self.seq_lens, 1), device_rows(self.active, 0)
+        self.target_cache.resize(rows, capacity, keep_t)
+        self.seq_h, self.prompt_h = host_rows(self.seq_h, 1), host_rows(self.prompt_h, 0)
+        self.max_tokens_h, self.generated_h = host_rows(self.max_tokens_h, 1), host_rows(self.generated_h, 0)
+        self.draft_tokens_h, self.accepted_h = host_rows(self.draft_tokens_h, 0), host_rows(self.accepted_h, 0)
+        self.has_stops_h = host_rows(self.has_stops_h, 0)
+        slots = self.slots if keep is None else [self.slots[i] for i in keep]
+        self.slots = slots + [None] * add
+        if self.proposer is not None:
+            self.proposer.resize(rows, capacity, keep)
+        self._refresh_sampling()
+
+    def _refresh_sampling(self) -> None:
+        params = [slot.request.params if slot else None for slot in self.slots]
+        self.sampling = SamplingTensors.build(
+            [p.temperature if p else 0.0 for p in params],
+            [p.top_p if p else 1.0 for p in params],
+            [p.top_k if p else 0 for p in params],
+            [slot.seed if slot else 0 for slot in self.slots],
+            self.device,
+        )

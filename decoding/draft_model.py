@@ -1,0 +1,106 @@
+"""A small causal LM as the proposer: k autoregressive draft forward passes, one token each (Leviathan
+et al. 2023, Algorithm 1, lines 1-4; Chen et al. 2023's draft model).
+
+The draft keeps its own `RaggedKVCache` and, per row, `draft_lens`: how many tokens of the row's
+sequence that cache holds. Invariant between steps: `draft_lens <= seq_lens - 1`. A proposal's first
+forward pass catches each row up on the tokens its cache lacks (one, or two after a step that
+accepted every draft token, or more after steps without speculation), then each further pass feeds
+the draft token just sampled. After the step, `advance` rolls a row back to what the target kept.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from specq.decoding.hf_model import LAST_ONLY, RaggedLM
+from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, sample_from_probs
+
+if TYPE_CHECKING:
+    from specq.decoding.batch import Admission, BatchState
+    from specq.decoding.stats import EngineStats
+
+
+class DraftModelProposer:
+    """Implements `Proposer` with a draft model that shares the target's tokenizer and device."""
+
+    def __init__(self, lm: RaggedLM, max_k: int, vocab_size: int) -> None:
+        self.lm = lm
+        self.max_k = max_k
+        self.vocab_size = vocab_size  # logits are padded to it, so draft_probs match target_probs
+        device = self.lm.device
+        self.cache = self.lm.new_cache(0, 0)
+        self.draft_lens = torch.zeros(0, dtype=torch.int64, device=device)  # [rows]
+        self.draft_h = np.zeros(0, np.int64)  # [rows], host mirror: sizes the forward passes without a sync
+
+    def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
+        # All but each prompt's last token: the target verifies that one together with the first draft tokens.
+        self.draft_lens[admission.rows_t] = batch.seq_lens[admission.rows_t] - 1
+        self.draft_h[admission.rows] = admission.prompt_lens - 1
+        width = admission.prompt_ids.shape[1]
+        if width > 1:
+            inputs = admission.prompt_ids[:, : width - 1]  # [n, width - 1]
+            self.lm.prefill(self.cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
+            stats.draft_forwards += 1
+
+    def propose(self, batch: BatchState, k: int, stats: EngineStats) -> tuple[torch.Tensor, torch.Tensor | None]:
+        sampling = batch.sampling
+        # The catch-up pass: row b feeds its columns [draft_lens[b], seq_lens[b]), right-padded to `width`.
+        unseen = batch.seq_lens - self.draft_lens  # [rows] >= 1
+        width = int((batch.seq_h - self.draft_h).max())
+        columns = self.draft_lens[:, None] + batch.arange(width)  # [rows, width]
+        columns = columns.clamp_(max=batch.capacity - 1)
+        kv_length = min(int((self.draft_h + width).max()), batch.capacity)
+        input_ids = batch.token_ids.gather(1, columns)  # [rows, width]
+        logits = self._forward(input_ids, columns, kv_length, stats)  # [rows, width, V]
+        last_logits = logits.gather(1, (unseen - 1).view(-1, 1, 1).expand(-1, 1, logits.shape[-1])).squeeze(
+            1
+        )  # [rows, V]
+        token_ids: list[torch.Tensor] = []  # k of [rows]
+        probs: list[torch.Tensor] = []  # k of [rows, V]
+        for i in range(k):
+            if i:
+                columns = (batch.seq_lens + (i - 1)).unsqueeze(1)  # [rows, 1]: draft token i - 1's column
+                kv_length = int(batch.seq_h.max()) + i
+                last_logits = self._forward(token_ids[-1].unsqueeze(1), columns, kv_length, stats).squeeze(1)
+            if sampling.all_greedy:
+                token_ids.append(last_logits.argmax(dim=-1))  # [rows]
+                continue
+            position_probs = logits_to_probs(last_logits.unsqueeze(1), sampling).squeeze(1)  # [rows, V]
+            uniforms = counter_uniforms(sampling.seeds, (batch.seq_lens + i).unsqueeze(1), Stream.DRAFT)  # [rows, 1]
+            token_ids.append(sample_from_probs(position_probs, uniforms.squeeze(1)))
+            probs.append(position_probs)
+        # The last draft token is never fed: the cache now holds the sequence and draft tokens 0..k-2.
+        self.draft_lens = batch.seq_lens + (k - 1)
+        self.draft_h = batch.seq_h + (k - 1)
+        draft_token_ids = torch.stack(token_ids, dim=1)  # [rows, k]
+        draft_probs = torch.stack(probs, dim=1) if probs else None  # [rows, k, V]
+        return draft_token_ids, draft_probs
+
+    def advance(self, batch: BatchState) -> None:
+        # Accepted tokens are the draft's own, so the cache stays valid up to the first rejected one;
+        # the last output token (recovered or bonus) is new to the draft either way.
+        self.draft_lens = torch.minimum(self.draft_lens, batch.seq_lens - 1)
+        self.draft_h = np.minimum(self.draft_h, batch.seq_h - 1)
+
+    def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
+        self.draft_lens[rows_t] = 0
+        self.draft_h[rows] = 0
+
+    def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
+        device = self.draft_lens.device
+        keep_t = None if keep is None else torch.as_tensor(keep, device=device)
+        kept_lens = self.draft_lens if keep_t is None else self.draft_lens.index_select(0, keep_t)
+        kept_h = self.draft_h if keep is None else self.draft_h[keep]
+        add = rows - kept_lens.shape[0]
+        self.draft_lens = torch.cat([kept_lens, torch.zeros(add, dtype=torch.int64, device=device)])
+        self.draft_h = np.concatenate([kept_h, np.zeros(add, np.int64)])
+        self.cache.resize(rows, capacity, keep_t)
+
+    def _forward(
+        self, input_ids: torch.Tensor, columns: torch.Tensor, kv_length: int, stats: EngineStats
+    ) -> torch.Tensor:
+        stats.draft_forwards += 1
+        return self.lm.step(self.cache, input_ids, columns, kv_length, self.vocab_size)

@@ -1,0 +1,158 @@
+"""What the engine needs of a model and a tokenizer, and how a Hugging Face causal LM provides it.
+
+The engine drives each model through a `RaggedKVCache` (decoding/kv_cache.py): every forward pass
+names, per row, the cache column each input token is written to. The 4D attention mask and the
+position ids follow from those columns, so a row decodes exactly as it would in a batch of its own
+(no left padding, position ids equal to column indices).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+
+from specq.decoding.kv_cache import RaggedKVCache
+
+LAST_ONLY = 1  # `keep` of a prefill whose logits nobody reads: the last position only
+
+
+class CausalLM(Protocol):
+    """The part of a Hugging Face causal LM (`PreTrainedModel`) the engine uses."""
+
+    config: Any  # a `PretrainedConfig`: get_text_config(), _attn_implementation, eos_token_id
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
+
+    def get_output_embeddings(self) -> Any: ...
+
+
+class Tokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the engine uses (it also reads `bos_token_id`, `eos_token_id`)."""
+
+    def decode(
+        self, token_ids: list[int], /, *, skip_special_tokens: bool, clean_up_tokenization_spaces: bool
+    ) -> Any: ...  # the text: str
+
+
+def decode(tokenizer: Tokenizer, token_ids: list[int]) -> str:
+    """The completion's text exactly as its tokens spell it: no special tokens dropped, no spaces cleaned."""
+    return tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+class RaggedLM:
+    """One causal LM driven through a `RaggedKVCache`; logits come back padded to a shared vocabulary."""
+
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        text_config = model.config.get_text_config()
+        self.num_layers: int = text_config.num_hidden_layers
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.max_context = int(getattr(text_config, "max_position_embeddings", None) or 2**31)
+        self.keeps_logits = _accepts(model, "logits_to_keep")  # can compute chosen positions' logits alone
+        # transformers renamed `past_key_values` to `cache` during 5.x.
+        self._cache_kwarg = "cache" if _accepts(model, "cache") else "past_key_values"
+        # SDPA and flex take a boolean mask; the eager path adds the mask to the scores.
+        self._additive_mask_dtype = (
+            next(model.parameters()).dtype if getattr(model.config, "_attn_implementation", "sdpa") == "eager" else None
+        )
+
+    def new_cache(self, rows: int, capacity: int) -> RaggedKVCache:
+        return RaggedKVCache(self.num_layers, rows, capacity)
+
+    def prefill(
+        self,
+        cache: RaggedKVCache,
+        rows: torch.Tensor,
+        input_ids: torch.Tensor,
+        vocab_size: int,
+        keep: torch.Tensor | int,
+    ) -> torch.Tensor:
+        """Write the right-padded prompts `input_ids` [n, T] into fresh cache `rows` [n] from column 0.
+
+        Logits only at positions `keep` ([n, len(keep), vocab_size]; an int: the last `keep`) where the
+        model can compute them alone; otherwise at every position ([n, T, vocab_size]).
+        """
+        width = input_ids.shape[1]
+        cache.plan_prefill(rows, width)
+        columns = torch.arange(width, device=input_ids.device).expand_as(input_ids)  # [n, T]
+        return self._run(cache, input_ids, columns, vocab_size, keep)
+
+    def step(
+        self, cache: RaggedKVCache, input_ids: torch.Tensor, columns: torch.Tensor, kv_length: int, vocab_size: int
+    ) -> torch.Tensor:
+        """Logits [rows, T, vocab_size] for `input_ids` [rows, T] written at `columns` [rows, T] of each row;
+        attention reads the first `kv_length` columns."""
+        cache.plan_step(columns, kv_length)
+        return self._run(cache, input_ids, columns, vocab_size, None)
+
+    def _run(
+        self,
+        cache: RaggedKVCache,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor,
+        vocab_size: int,
+        keep: torch.Tensor | int | None,
+    ) -> torch.Tensor:
+        kv_length = cache.plan.kv_length
+        allowed = torch.arange(kv_length, device=columns.device) <= columns.unsqueeze(-1)  # [rows, T, kv_length]
+        kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
+        if keep is not None and self.keeps_logits:
+            kwargs["logits_to_keep"] = keep
+        # Padding past a row's context gets a clamped position; its outputs are never used.
+        positions = columns if kv_length <= self.max_context else columns.clamp(max=self.max_context - 1)
+        mask = self._attention_mask(allowed.unsqueeze(1))  # [rows, 1, T, kv_length]
+        logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
+        if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0
+            logits = torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
+        return logits
+
+    def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        dtype = self._additive_mask_dtype
+        if dtype is None:
+            return allowed
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min
+        )
+
+
+_SIGNATURES: dict[type, set[str]] = {}
+
+
+def _accepts(model: CausalLM, name: str) -> bool:
+    params = _SIGNATURES.get(type(model))
+    if params is None:
+        params = _SIGNATURES[type(model)] = set(inspect.signature(model.forward).parameters)
+    return name in params
+
+
+def _eos_token_ids(*sources: object) -> set[int]:
+    ids: set[int] = set()
+    for source in sources:
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def eos_token_ids(model: CausalLM, tokenizer: Tokenizer) -> set[int]:
+    """Every id that ends a sequence: the generation config's, the model config's and the tokenizer's."""
+    return _eos_token_ids(getattr(model, "generation_config", None), model.config, tokenizer)
+
+
+def start_token_id(tokenizer: Tokenizer) -> int | None:
+    """The token an empty prompt starts from: BOS, else EOS (GPT-2 style tokenizers have only that)."""
+    for name in ("bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    return None
