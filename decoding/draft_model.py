@@ -24,12 +24,19 @@ if TYPE_CHECKING:
 
 
 class DraftModelProposer:
-    """Implements `Proposer` with a draft model that shares the target's tokenizer and device."""
+    """Implements `Proposer` with a draft model that shares the target's tokenizer and device.
 
-    def __init__(self, lm: RaggedLM, max_k: int, vocab_size: int) -> None:
+    The two models may have embedding tables of different sizes (families pad them to a multiple of
+    64 or 128; Qwen2.5 has 151,936 rows up to 7B and 152,064 from 14B). The draft never proposes an id
+    the target cannot read (its probability there is 0), and ids the draft cannot read (the target's
+    extra rows, emitted or in the prompt) reach it as its own last id: what the draft conditions on
+    changes only its proposals, never which tokens the target keeps."""
+
+    def __init__(self, lm: RaggedLM, max_k: int, vocab_size: int, target_vocab_size: int) -> None:
         self.lm = lm
         self.max_k = max_k
         self.vocab_size = vocab_size  # logits are padded to it, so draft_probs match target_probs
+        self.target_vocab_size = target_vocab_size
         device = self.lm.device
         self.cache = self.lm.new_cache(0, 0)
         self.draft_lens = torch.zeros(0, dtype=torch.int64, device=device)  # [rows]
@@ -41,7 +48,7 @@ class DraftModelProposer:
         self.draft_h[admission.rows] = admission.prompt_lens - 1
         width = admission.prompt_ids.shape[1]
         if width > 1:
-            inputs = admission.prompt_ids[:, : width - 1]  # [n, width - 1]
+            inputs = self._readable(admission.prompt_ids[:, : width - 1])  # [n, width - 1]
             self.lm.prefill(self.cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
             stats.draft_forwards += 1
 
@@ -53,7 +60,7 @@ class DraftModelProposer:
         columns = self.draft_lens[:, None] + batch.arange(width)  # [rows, width]
         columns = columns.clamp_(max=batch.capacity - 1)
         kv_length = min(int((self.draft_h + width).max()), batch.capacity)
-        input_ids = batch.token_ids.gather(1, columns)  # [rows, width]
+        input_ids = self._readable(batch.token_ids.gather(1, columns))  # [rows, width]
         logits = self._forward(input_ids, columns, kv_length, stats)  # [rows, width, V]
         last_logits = logits.gather(1, (unseen - 1).view(-1, 1, 1).expand(-1, 1, logits.shape[-1])).squeeze(
             1
@@ -103,4 +110,13 @@ class DraftModelProposer:
         self, input_ids: torch.Tensor, columns: torch.Tensor, kv_length: int, stats: EngineStats
     ) -> torch.Tensor:
         stats.draft_forwards += 1
-        return self.lm.step(self.cache, input_ids, columns, kv_length, self.vocab_size)
+        logits = self.lm.step(self.cache, input_ids, columns, kv_length, self.vocab_size)  # [rows, T, V]
+        if self.lm.vocab_size > self.target_vocab_size:  # ids the target cannot read are never proposed
+            logits[..., self.target_vocab_size :] = float("-inf")
+        return logits
+
+    def _readable(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """`token_ids` with the ids past the draft's embedding table replaced by its last id."""
+        if self.lm.vocab_size >= self.target_vocab_size:
+            return token_ids
+        return token_ids.clamp(max=self.lm.vocab_size - 1)

@@ -122,7 +122,9 @@ class SpeculativeEngine:
         self._eos_h = np.array(sorted(self.eos_token_ids) or [-1])
         self._start_token_id = start_token_id(tokenizer)
         self.proposer: Proposer | None = (
-            None if draft_lm is None else DraftModelProposer(draft_lm, self.max_k, self.vocab_size)
+            None
+            if draft_lm is None
+            else DraftModelProposer(draft_lm, self.max_k, self.vocab_size, self.target_lm.vocab_size)
         )
         if policy is not None and (policy.max_k, policy.fixed) != (self.max_k, self.config.fixed_k):
             raise ValueError("the policy was made for another K or mode")
@@ -193,8 +195,10 @@ class SpeculativeEngine:
                 f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
                 f"context of {self.max_context} tokens"
             )
-        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= self.vocab_size:
-            return f"prompt has token ids outside the vocabulary [0, {self.vocab_size})"
+        # the target reads every prompt id; the draft reads the ids it cannot take as another
+        readable = self.target_lm.vocab_size
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= readable:
+            return f"prompt has token ids outside the vocabulary [0, {readable})"
         return None
 
     # -- admission ----------------------------------------------------------------------------------

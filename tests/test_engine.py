@@ -327,3 +327,34 @@ def test_a_model_free_proposer_plugs_in(target, prompts):
             SpeculativeEngine(target, IdTokenizer(), target, replace(config, batch_size=1)), RepeatLastToken(3, 64)
         ).generate([request])
         assert alone.token_ids == batched[request.key]
+
+
+def _resized(model, vocab: int, seed: int):
+    """`model` with an embedding table and head of `vocab` rows: its own rows where both have them
+    (padding families add or drop), fresh sharpened rows past them."""
+    resized = tiny_llama(vocab=vocab, seed=seed)
+    with torch.no_grad():
+        for name, weight in model.state_dict().items():
+            rows = min(weight.shape[0], resized.state_dict()[name].shape[0])
+            resized.state_dict()[name][:rows] = weight[:rows]
+    return resized
+
+
+@pytest.mark.parametrize(("target_vocab", "draft_vocab"), [(64, 96), (96, 64)])
+def test_models_with_embedding_tables_of_different_sizes(target, target_vocab, draft_vocab):
+    big_target = target if target_vocab == 64 else _resized(target, target_vocab, seed=3)
+    pair_draft = noisy_copy(_resized(target, draft_vocab, seed=4), scale=0.002)
+    generator = torch.Generator().manual_seed(11)
+    # prompts reach the top of the target's table: the draft reads such ids (its own last id instead)
+    prompts = [torch.randint(2, target_vocab, (n,), generator=generator).tolist() for n in (1, 4, 9, 14)]
+    for k in (1, 3):
+        results, engine = _run(
+            big_target, pair_draft, _greedy_requests(prompts), num_speculative_tokens=k, batch_size=3
+        )
+        for i, prompt in enumerate(prompts):
+            assert results[i].error is None, results[i].error
+            assert results[i].token_ids == reference_greedy(big_target, prompt, 24), f"prompt {i}"
+        assert engine.stats.num_accepted_tokens > 0
+    emitted = {t for r in results.values() for t in r.token_ids}
+    if target_vocab > draft_vocab:
+        assert max(emitted) >= draft_vocab  # the target emitted ids the draft cannot read

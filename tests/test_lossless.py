@@ -31,7 +31,7 @@ def _exact_joint(target, temperature: float) -> torch.Tensor:
     """P(t1, t2 | PROMPT) under the target at this temperature: [V, V]."""
     with torch.no_grad():
         first = (target(torch.tensor([PROMPT])).logits[0, -1] / temperature).softmax(-1)  # [V]
-        follow = torch.tensor([[*PROMPT, t] for t in range(VOCAB)])
+        follow = torch.tensor([[*PROMPT, t] for t in range(target.config.vocab_size)])
         second = (target(follow).logits[:, -1] / temperature).softmax(-1)  # [V, V]
     return first[:, None] * second
 
@@ -45,9 +45,10 @@ def _sampled_joint(target, draft, temperature: float, point_mass: bool = False) 
     engine = SpeculativeEngine(
         target, _NoEos(), draft, DecodingConfig(num_speculative_tokens=2, fixed_k=True, batch_size=2048)
     )
+    vocab = target.config.vocab_size
     if point_mass:  # a model-free proposer in the draft's place
-        engine = with_proposer(engine, RepeatLastToken(2, VOCAB))
-    counts = torch.zeros(VOCAB, VOCAB)
+        engine = with_proposer(engine, RepeatLastToken(2, vocab))
+    counts = torch.zeros(vocab, vocab)
     for result in engine.generate(requests):
         counts[result.token_ids[0], result.token_ids[1]] += 1
     assert engine.stats.num_draft_tokens > 0 and 0.05 < engine.stats.acceptance_rate < 0.95
@@ -110,3 +111,18 @@ def test_the_same_test_rejects_a_wrong_sampler(models, monkeypatch, wrong_sample
     target, draft = models
     monkeypatch.setattr(decoding_engine, "rejection_sample", wrong_sampler)
     assert _pvalue(_sampled_joint(target, draft, 1.0), _exact_joint(target, 1.0)) < 1e-6
+
+
+@pytest.mark.parametrize(("target_vocab", "draft_vocab"), [(VOCAB, VOCAB + 4), (VOCAB + 4, VOCAB)])
+def test_models_with_embedding_tables_of_different_sizes_keep_the_target_distribution(target_vocab, draft_vocab):
+    # the larger model's extra ids: the draft never proposes what the target cannot read, and reads
+    # what the target emits past its own table as another id
+    target = tiny_llama(vocab=target_vocab, hidden=32, seed=0, sharpness=10.0)
+    draft = tiny_llama(vocab=draft_vocab, hidden=32, layers=1, seed=5, sharpness=6.0)
+    for model in (target, draft):
+        model.generation_config.eos_token_id = None
+        model.config.eos_token_id = None
+    joint = _exact_joint(target, 1.0)
+    if target_vocab > VOCAB:
+        assert joint[VOCAB:].sum() > 0.05  # the target does emit ids the draft cannot read
+    assert _pvalue(_sampled_joint(target, draft, 1.0), joint) > 1e-3
