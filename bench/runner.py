@@ -357,7 +357,7 @@ def check_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # -- running ----------------------------------------------------------------------------------------
 def prompt_token_ids(tokenizer, count: int, prompt_chars: int) -> tuple[list[str], list[list[int]]]:
-    """`count` held-out code prompts (models/demo.py) and their token ids as the engine gets them."""
+    """`count` held-out code prompts (models/demo/corpus.py) and their token ids as the engine gets them."""
     from specq.models.demo import heldout_prompts
     from specq.models.loading import tokenize_prompt
 

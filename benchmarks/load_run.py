@@ -7,10 +7,12 @@
     python benchmarks/load_run.py warm   [--requests 256]                  # a warmed worker against `specq run`
 
 Each run gets a throwaway PostgreSQL database (created on `--pg-admin-url`, dropped at the end) and
-Redis database `--redis-db` (flushed before and after), real `specq worker` processes on the CPU, and
+Redis database `--redis-url` (flushed before and after), real `specq worker` processes on the CPU, and
 greedy requests of 2 to 4 tokens on the tiny model pair of the tests (tests/tiny_models.py `save_tiny_pair`,
 built here in seconds) or `--models demo` (the demo pair, `specq demo-models`). It prints a Markdown
-section on stdout; progress goes to stderr.
+section on stdout; progress goes to stderr. The services, workers and waits are the tests' own helpers
+(tests/services.py, tests/fleet_helpers.py); what is timed (`specq submit`, `specq run`) runs as a user
+runs it, in its own process.
 
 Figures:
 
@@ -37,12 +39,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the tests' helpers, imported from the repository this script is in
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.fleet_helpers import DRILL_ENV, restart_postgres, restart_redis, wait_for
+from tests.services import (
+    PG_ADMIN_URL,
+    SpecqWorker,
+    create_database,
+    database_url,
+    drop_database,
+    flush_redis,
+    job_status,
+    request_states,
+    services_env,
+    wait_state,
+)
+
 SPECQ = (sys.executable, "-P", "-m", "specq")
+TERMINAL = ("completed", "failed", "cancelled")
 
 
 def say(message: str) -> None:
@@ -64,90 +85,50 @@ def model_pair(kind: str, root: Path) -> tuple[str, str]:
 # -- services ------------------------------------------------------------------------------------------
 @dataclass
 class Services:
+    """This run's PostgreSQL database (on the server of `admin_url`) and Redis database."""
+
     admin_url: str
     redis_url: str
     db_name: str = field(default_factory=lambda: f"specq_bench_{os.getpid()}")
 
     @property
     def db_url(self) -> str:
-        base = self.admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-        return f"{base}/{self.db_name}"
+        return database_url(self.db_name, self.admin_url)
 
     def create(self) -> None:
-        import psycopg
-        import redis
-
-        with psycopg.connect(self.admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{self.db_name}"')
-        redis.Redis.from_url(self.redis_url).flushdb()
+        """A new, empty database, and the Redis database flushed."""
+        create_database(self.db_name, self.admin_url)
+        flush_redis(self.redis_url).close()
 
     def drop(self) -> None:
-        import psycopg
-        import redis
-
-        from specq.db.session import dispose_all
-
-        dispose_all()
-        with psycopg.connect(self.admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
-        redis.Redis.from_url(self.redis_url).flushdb()
+        drop_database(self.db_name, self.admin_url)
+        flush_redis(self.redis_url).close()
 
     def env(self, home: Path, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
-        env.update(
-            SPECQ_DATABASE_URL=self.db_url, SPECQ_BROKER_URL=self.redis_url, SPECQ_HOME=str(home), OMP_NUM_THREADS="1"
-        )
-        env.update(extra)
-        return env
+        return services_env(self.db_url, self.redis_url, home, **extra)
 
 
-def _wait(check: Any, timeout: float, what: str, poll: float = 0.05) -> float:
-    """Poll until `check()` is true; the time it took."""
+def seconds_until(check: Callable[[], Any], timeout: float, what: str, poll: float = 0.05) -> float:
+    """Poll until `check()` is true (fleet_helpers.wait_for); the seconds it took."""
     began = time.monotonic()
-    while not check():
-        if time.monotonic() - began > timeout:
-            raise TimeoutError(f"no {what} after {timeout}s")
-        time.sleep(poll)
+    wait_for(check, timeout, what, poll)
     return time.monotonic() - began
 
 
 # -- workers and jobs ----------------------------------------------------------------------------------
-class Worker:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.log_path = log
-        self._log = open(log, "ab")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [*SPECQ, "worker", "--device", "cpu"], env=env, stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"worker exited: {self.log_path.read_text(errors='replace')[-2000:]}")
-        return " ready." in self.log_path.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
 @contextmanager
-def workers(env: dict[str, str], count: int, logs: Path) -> Any:
-    started: list[Worker] = []
+def workers(env: dict[str, str], count: int, logs: Path) -> Iterator[list[SpecqWorker]]:
+    """`count` ready `specq worker --device cpu` processes; stopped (SIGTERM) at the end."""
+    started: list[SpecqWorker] = []
     try:
         for _ in range(count):
-            started.append(Worker(env, logs / f"worker{len(started)}.log"))
-        _wait(lambda: all(w.ready() for w in started), 180, "ready workers", poll=0.2)
+            started.append(SpecqWorker(env, logs / f"worker{len(started)}.log"))
+        for worker in started:  # they start side by side; each wait is the rest of the slowest start
+            worker.wait_ready(timeout=180)
         yield started
     finally:
         for worker in started:
-            worker.stop()
+            worker.stop(timeout=120)
 
 
 def write_input(path: Path, count: int, seed: int = 0) -> None:
@@ -161,6 +142,7 @@ def write_input(path: Path, count: int, seed: int = 0) -> None:
 
 
 def submit(env: dict[str, str], path: Path, target: str, draft: str, batch_size: int) -> tuple[str, float]:
+    """`specq submit` in its own process, as a user runs it: the job id and the wall seconds."""
     began = time.monotonic()
     done = subprocess.run(
         [*SPECQ, "submit", str(path), "--target", target, "--draft", draft, "--batch-size", str(batch_size)],
@@ -194,12 +176,7 @@ def counts(db_url: str, job_id: str) -> dict[str, Any]:
 
     with open_database(db_url).session() as session:
         job = session.get_one(Job, job_id)
-        states = {
-            state: n
-            for state, n in session.execute(
-                select(Request.state, func.count()).where(Request.job_id == job_id).group_by(Request.state)
-            )
-        }
+        states = request_states(session, job_id)
         results, distinct = session.execute(
             select(func.count(Result.id), func.count(func.distinct(Result.request_id)))
             .join(Request)
@@ -229,17 +206,17 @@ def counts(db_url: str, job_id: str) -> dict[str, Any]:
         }
 
 
-def progress(db_url: str, job_id: str) -> tuple[str, int]:
-    from specq.db.models import Job
-    from specq.db.session import open_database
-
-    with open_database(db_url).session() as session:
-        job = session.get_one(Job, job_id)
-        return job.state, job.completed + job.failed
+def progress(env: dict[str, str], job_id: str) -> tuple[str, int]:
+    """The job's state and how many of its requests have ended (`specq status --json`)."""
+    info = job_status(env, job_id)
+    return info["state"], info["completed"] + info["failed"]
 
 
-def wait_done(db_url: str, job_id: str, timeout: float) -> float:
-    return _wait(lambda: progress(db_url, job_id)[0] in ("completed", "failed", "cancelled"), timeout, "job end", 0.2)
+def wait_done(env: dict[str, str], job_id: str, timeout: float) -> float:
+    """Wait for the job's end (services.wait_state); the seconds it took."""
+    began = time.monotonic()
+    wait_state(env, job_id, TERMINAL, timeout)
+    return time.monotonic() - began
 
 
 # -- the load run --------------------------------------------------------------------------------------
@@ -256,7 +233,7 @@ def load(args: argparse.Namespace) -> None:
         with workers(env, args.workers, work):
             say(f"submitting {args.requests} requests")
             job_id, submit_s = submit(env, path, target, draft, args.batch_size)
-            wait_done(services.db_url, job_id, args.timeout)
+            wait_done(env, job_id, args.timeout)
             found = counts(services.db_url, job_id)
         say("the same file through `specq run` (one process, no queue)")
         run_s = timed_run(env, path, work / "run.jsonl", target, draft, args.batch_size)
@@ -386,11 +363,11 @@ def warm(args: argparse.Namespace) -> None:
         env = services.env(work / "home", OMP_NUM_THREADS=threads)
         with workers(env, 1, work):
             job_id, _ = submit(env, warmup, target, draft, args.batch_size)
-            wait_done(services.db_url, job_id, args.timeout)
+            wait_done(env, job_id, args.timeout)
             say(f"worker warm; submitting {args.requests} requests")
             began = time.monotonic()
             job_id, submit_s = submit(env, path, target, draft, args.batch_size)
-            wait_done(services.db_url, job_id, args.timeout)
+            wait_done(env, job_id, args.timeout)
             queue_s = time.monotonic() - began
             found = counts(services.db_url, job_id)
         say("the same file through `specq run`")
@@ -452,7 +429,6 @@ def owner_count(db_url: str, job_id: str, owner_pid: int) -> int:
 
 def drills(args: argparse.Namespace) -> None:
     from specq.queue import QueueSettings
-    from tests.fleet_helpers import DRILL_ENV
 
     work = Path(tempfile.mkdtemp(prefix="specq_drills_"))
     services = Services(args.pg_admin_url, args.redis_url)
@@ -471,20 +447,20 @@ def drills(args: argparse.Namespace) -> None:
         with workers(env, 2, work) as fleet:
             say("baseline: no fault")
             job_id, _ = submit(env, path, target, draft, args.batch_size)
-            baseline = wait_done(services.db_url, job_id, args.timeout)
+            baseline = wait_done(env, job_id, args.timeout)
 
             def start_job() -> tuple[str, int]:
                 job_id, _ = submit(env, path, target, draft, args.batch_size)
                 third = args.requests // 5
-                _wait(lambda: progress(services.db_url, job_id)[1] >= third, args.timeout, "progress", 0.02)
-                return job_id, progress(services.db_url, job_id)[1]
+                seconds_until(lambda: progress(env, job_id)[1] >= third, args.timeout, "progress", 0.02)
+                return job_id, progress(env, job_id)[1]
 
             if "kill" in args.only:
                 kill_drill(args, services, env, fleet, work, start_job, results)
             if "redis" in args.only:
-                redis_drill(args, services, start_job, results)
+                redis_drill(args, services, env, start_job, results)
             if "postgres" in args.only:
-                postgres_drill(args, services, start_job, results)
+                postgres_drill(args, services, env, start_job, results)
     finally:
         services.drop()
         if args.keep:
@@ -498,7 +474,7 @@ def kill_drill(
     args: argparse.Namespace,
     services: Services,
     env: dict[str, str],
-    fleet: list[Worker],
+    fleet: list[SpecqWorker],
     work: Path,
     start_job: Any,
     results: list[Drill],
@@ -514,11 +490,13 @@ def kill_drill(
         if held:
             break
         victim.proc.send_signal(signal.SIGCONT)
-        if progress(services.db_url, job_id)[0] == "completed":
+        if progress(env, job_id)[0] == "completed":
             raise SystemExit("the job ended before a worker was caught mid-batch; give more --requests")
-    victim.stop(signal.SIGKILL)
-    requeued = _wait(lambda: owner_count(services.db_url, job_id, victim.proc.pid) == 0, args.timeout, "requeue")
-    wait_done(services.db_url, job_id, args.timeout)
+    victim.stop(signal.SIGKILL, timeout=120)
+    requeued = seconds_until(
+        lambda: owner_count(services.db_url, job_id, victim.proc.pid) == 0, args.timeout, "requeue"
+    )
+    wait_done(env, job_id, args.timeout)
     results.append(
         Drill(
             "worker killed (SIGKILL) mid-batch",
@@ -530,31 +508,32 @@ def kill_drill(
         )
     )
     fleet.remove(victim)
-    replacement = Worker(env, work / "worker-replacement.log")
+    replacement = SpecqWorker(env, work / "worker-replacement.log")
     fleet.append(replacement)
-    _wait(replacement.ready, 180, "replacement worker", 0.2)
+    replacement.wait_ready(timeout=180)
 
 
-def redis_drill(args: argparse.Namespace, services: Services, start_job: Any, results: list[Drill]) -> None:
+def redis_drill(
+    args: argparse.Namespace, services: Services, env: dict[str, str], start_job: Any, results: list[Drill]
+) -> None:
     import redis
 
-    from tests.fleet_helpers import restart_redis
+    from specq.queue import CHUNK_QUEUE_KEY
 
     say("drill: Redis restarted mid-job")
     job_id, at = start_job()
     began = time.monotonic()
     down_s = restart_redis()
     client = redis.Redis.from_url(services.redis_url)
-    from specq.queue import CHUNK_QUEUE_KEY
 
     def moving_again() -> bool:
         try:
-            return client.llen(CHUNK_QUEUE_KEY) > 0 or progress(services.db_url, job_id)[0] == "completed"
+            return client.llen(CHUNK_QUEUE_KEY) > 0 or progress(env, job_id)[0] == "completed"
         except redis.RedisError:
             return False
 
-    recovered = _wait(moving_again, args.timeout, "re-enqueued chunks")
-    wait_done(services.db_url, job_id, args.timeout)
+    recovered = seconds_until(moving_again, args.timeout, "re-enqueued chunks")
+    wait_done(env, job_id, args.timeout)
     results.append(
         Drill(
             "Redis restarted mid-job (every message lost)",
@@ -567,20 +546,20 @@ def redis_drill(args: argparse.Namespace, services: Services, start_job: Any, re
     )
 
 
-def postgres_drill(args: argparse.Namespace, services: Services, start_job: Any, results: list[Drill]) -> None:
-    from tests.fleet_helpers import restart_postgres
-
+def postgres_drill(
+    args: argparse.Namespace, services: Services, env: dict[str, str], start_job: Any, results: list[Drill]
+) -> None:
     say("drill: PostgreSQL restarted mid-job")
     job_id, at = start_job()
     began = time.monotonic()
     down_s = restart_postgres()
-    before = progress(services.db_url, job_id)[1]
-    recovered = _wait(
-        lambda: progress(services.db_url, job_id)[1] > before or progress(services.db_url, job_id)[0] == "completed",
+    before = progress(env, job_id)[1]
+    recovered = seconds_until(
+        lambda: progress(env, job_id)[1] > before or progress(env, job_id)[0] == "completed",
         args.timeout,
         "new results",
     )
-    wait_done(services.db_url, job_id, args.timeout)
+    wait_done(env, job_id, args.timeout)
     results.append(
         Drill(
             "PostgreSQL restarted mid-job",
@@ -630,7 +609,7 @@ def main() -> None:
     parser.add_argument("--only", default="kill,redis,postgres", help="drills: which ones, comma-separated")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (worker logs) and say where")
-    parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--pg-admin-url", default=PG_ADMIN_URL)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     args = parser.parse_args()
     if args.requests is None:
@@ -639,9 +618,7 @@ def main() -> None:
         args.models = "demo" if args.what == "warm" else "tiny"
     if args.batch_size is None:
         args.batch_size = 8 if args.what == "warm" else 32
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root))
-    os.chdir(root)
+    os.chdir(Path(__file__).resolve().parent.parent)
     {"load": load, "drills": drills, "submit": submit_rate, "warm": warm}[args.what](args)
 
 

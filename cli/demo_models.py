@@ -22,7 +22,7 @@ def demo_models(directory: Path | None, seed: int, force: bool) -> None:
     Prints `target=DIR` and `draft=DIR` on stdout, for `eval`.
     """
     # Progress goes to stderr even without -v; -vv still shows debug lines.
-    models_logger = logging.getLogger("models")
+    models_logger = logging.getLogger("specq.models")
     handler = logging.StreamHandler()  # stderr
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     previous = (models_logger.level, models_logger.propagate)

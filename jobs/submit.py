@@ -77,7 +77,7 @@ class Submitted:
     total: int
     chunks: list[Chunk]  # (job_id, first, end) of each chunk task
     db: Database
-    embedded: bool  # True: no broker; the caller runs the chunks in this process (`jobs.embedded`)
+    embedded: bool  # True: no broker; the caller runs the chunks in this process (`worker.embedded`)
 
 
 def new_job_id() -> str:

@@ -17,6 +17,8 @@ from tests.services import (
     PG_ADMIN_URL,
     REDIS_TEST_URL,
     SpecqWorker,
+    create_database,
+    drop_database,
     empty_database,
     flushed_redis,
 )
@@ -45,19 +47,11 @@ def pg_url():
 
     name = f"specq_test_{os.getpid()}"
     try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+        url = create_database(name)
     except psycopg.OperationalError as exc:
         pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}: {exc}")
-    with admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    yield f"{base}/{name}"
-    from specq.db.session import dispose_all
-
-    dispose_all()
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield url
+    drop_database(name)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 Real services: a throwaway PostgreSQL database per test session (see conftest's `pg_url`), Redis
 database 15, real `specq worker` subprocesses and `specq` commands run in-process. Nothing is mocked.
+benchmarks/load_run.py runs its jobs with the same helpers.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ PG_ADMIN_URL = os.environ.get("SPECQ_TEST_PG_ADMIN", "postgresql://postgres@127.
 REDIS_TEST_URL = os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 _TABLES = ("results", "batches", "requests", "workers", "jobs")
 
-# the training text of conftest's tiny_pair tokenizer
-
 
 def empty_database(db_url):
     """Migrate the database at `db_url` and empty every table of specq's."""
@@ -34,16 +33,51 @@ def empty_database(db_url):
         conn.execute(text(f"TRUNCATE {', '.join(_TABLES)} RESTART IDENTITY CASCADE"))
 
 
+def database_url(name, admin_url=PG_ADMIN_URL):
+    """The SQLAlchemy URL of database `name` on the server of `admin_url`."""
+    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    return f"{base}/{name}"
+
+
+def create_database(name, admin_url=PG_ADMIN_URL):
+    """A new, empty PostgreSQL database `name` (one of that name left by a killed run is dropped first);
+    its SQLAlchemy URL. psycopg.OperationalError when no server answers within 3 s."""
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=3) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return database_url(name, admin_url)
+
+
+def drop_database(name, admin_url=PG_ADMIN_URL):
+    """Close this process's connections to database `name`, then drop it, cutting any other client's."""
+    import psycopg
+
+    from specq.db.session import dispose_all
+
+    dispose_all()
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def flush_redis(url=REDIS_TEST_URL):
+    """A client of the Redis database at `url`, flushed; redis.RedisError when no server answers."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=3)
+    client.flushdb()
+    return client
+
+
 def flushed_redis(url=REDIS_TEST_URL):
     """A client of the Redis database at `url`, flushed; the test is skipped when no server answers."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=3)
     try:
-        client.flushdb()
+        return flush_redis(url)
     except redis.RedisError as exc:
         pytest.skip(f"no Redis at {url}: {exc}")
-    return client
 
 
 def write_requests(path, lines):
@@ -93,7 +127,8 @@ class SpecqWorker:
 def services_env(db_url, broker, home, **extra):
     """The environment of a CLI call or worker process: these services, no other SPECQ_ setting."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECQ_")}
-    env.update(SPECQ_DATABASE_URL=db_url, SPECQ_HOME=str(home), OMP_NUM_THREADS="1", **extra)
+    env.update(SPECQ_DATABASE_URL=db_url, SPECQ_HOME=str(home), OMP_NUM_THREADS="1")
+    env.update(extra)  # may set OMP_NUM_THREADS too
     if broker:
         env["SPECQ_BROKER_URL"] = broker
     return env

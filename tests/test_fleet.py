@@ -73,6 +73,8 @@ class Autoscaler:
         for pid in self.pids():  # never leave a worker behind, even when the test failed
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self._log.close()
         return self.proc.returncode
 

@@ -155,4 +155,6 @@ def test_workers_die_with_a_killed_supervisor(tmp_path) -> None:
     finally:
         parent.kill()
         parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
     wait_for(lambda: not any(map(pid_alive, pids)), 10, "the orphaned workers to exit")

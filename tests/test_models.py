@@ -1,4 +1,4 @@
-"""The model loading layer and the offline demo pair (models/loading.py, models/demo.py)."""
+"""The model loading layer and the offline demo pair (models/loading.py, models/demo/)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_cli_module_does_not_import_torch():
 def test_cli_build_failure_exits_1(tmp_path, monkeypatch):
     from specq.cli.main import _register, cli
 
-    monkeypatch.setattr(demo, "corpus_files", lambda: [])  # a Python installed without its .py sources
+    monkeypatch.setattr(demo.build, "corpus_files", lambda: [])  # a Python installed without its .py sources
     _register()
     result = CliRunner().invoke(cli, ["demo-models", str(tmp_path / "pair")])
     assert result.exit_code == 1, result.output
@@ -241,13 +241,13 @@ def test_heldout_prompts_are_deterministic_and_held_out():
     assert all(60 <= len(p) <= 200 and "def " in p.splitlines()[0] for p in prompts)
     train, heldout = demo.split_files(demo.corpus_files())
     assert len(heldout) >= 20 and not set(train) & set(heldout)
-    heldout_text = "".join(demo._read(p) for p in heldout)
+    heldout_text = "".join(demo.read_source(p) for p in heldout)
     assert all(p in heldout_text for p in prompts)
     assert not any("site-packages" in p.parts or "test" in p.parts for p in train + heldout)
 
 
 def test_tokenizer_training_is_deterministic():
-    texts = [demo._read(p) for p in demo.corpus_files()[:40]]
+    texts = [demo.read_source(p) for p in demo.corpus_files()[:40]]
     first = demo.train_tokenizer(texts, 400)
     second = demo.train_tokenizer(texts, 400)
     assert first.get_vocab() == second.get_vocab()
@@ -255,7 +255,7 @@ def test_tokenizer_training_is_deterministic():
 
 
 def test_training_is_deterministic():
-    texts = [demo._read(p) for p in demo.corpus_files()[:20]]
+    texts = [demo.read_source(p) for p in demo.corpus_files()[:20]]
     tokenizer = demo.train_tokenizer(texts, TINY.vocab_size)
     tokens = demo.encode_documents(tokenizer, texts)
     runs = [demo.train_models(tokens, TINY, tokenizer.eos_token_id, seed=3) for _ in range(2)]
@@ -282,7 +282,7 @@ def test_grow_model_preserves_the_function():
     # Not exact: RMSNorm's epsilon is added to a mean over more dimensions.
     torch.testing.assert_close(big_logits, small_logits, atol=2e-3, rtol=0)
     # The zeroed parts still get gradients: one step makes every weight matrix non-zero.
-    trainer = demo._Trainer(big, 1e-3, total_steps=1, warmup_steps=1)
+    trainer = demo.Trainer(big, 1e-3, total_steps=1, warmup_steps=1)
     trainer.lm_step(ids[:, :-1], ids[:, 1:])
     assert all(bool(p.abs().sum() > 0) for p in big.parameters())
 

@@ -4,7 +4,8 @@ cannot hijack.
 - A wheel built from the repository has `specq` (and its dist-info) alone at its root: no generic `cli`,
   `db`, `models` ... beside a user's packages.
 - The parts import one way (ALLOWED below) and no module imports itself back through others, so opening
-  the database cannot run a migration behind a read-only command's back.
+  the database cannot run a migration behind a read-only command's back; none imports `tests`, which
+  only the benchmarks in benchmarks/ may use.
 - Every command, and every worker `specq autoscale` starts, works from a folder holding decoy `cli/`,
   `db/`, `jobs/`, `worker/`, `models.py` and `decoding.py` that raise on import.
 """
@@ -123,6 +124,21 @@ def test_parts_import_one_way() -> None:
 
 def test_no_import_circle() -> None:
     assert _cycles(_imports(_modules())) == []
+
+
+def test_runtime_imports_no_tests() -> None:
+    # tests/ is not installed: a module that imports it works from a checkout and fails in a wheel
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported = [node.module or ""]
+            else:
+                continue
+            found += [f"{name} imports {target}" for target in imported if target.split(".")[0] == "tests"]
+    assert found == []
 
 
 def test_wheel_installs_specq_alone(tmp_path) -> None:

@@ -219,7 +219,8 @@ def test_cancel_while_running(env, tiny_pair, tmp_path) -> None:
     assert count_rows(env["SPECQ_DATABASE_URL"], Result) >= info["completed"]
     out = tmp_path / "cancelled.csv"
     assert invoke(["export", job_id, "-o", str(out)], env).exit_code == 0
-    statuses = [row["status"] for row in csv.DictReader(out.open(newline="", encoding="utf-8"))]
+    with out.open(newline="", encoding="utf-8") as f:
+        statuses = [row["status"] for row in csv.DictReader(f)]
     assert set(statuses) == {"completed", "cancelled"}
 
 
