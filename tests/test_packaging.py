@@ -222,3 +222,11 @@ def test_autoscaled_workers_ignore_decoys(decoy_folder, pg_db_url, redis_url, ti
     assert "decoy" not in output, output
     assert scaler.returncode == 0, output
     assert not pid_alive(scaler.pid)
+
+
+def test_docs_carry_the_contract() -> None:
+    """docs/contract.md is the contract users read; the shared contract beside the repository is its source."""
+    shared = REPO.parent / "shared" / "CONTRACT.md"
+    if not shared.exists():
+        pytest.skip("no shared contract beside this checkout")
+    assert (REPO / "docs" / "contract.md").read_text() == shared.read_text()
