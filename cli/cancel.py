@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import broker_option, database_option, specq_errors
+from specq.cli.options import UsageLine, broker_option, database_option, job_argument, specq_errors
 
 
 @cli.command("cancel")
-@click.argument("job")
+@job_argument()
 @database_option
 def cancel(job: str, database_url: str | None) -> None:
     """Stop a job's remaining work; results already stored are kept."""
@@ -27,12 +27,17 @@ def cancel(job: str, database_url: str | None) -> None:
 
 
 @cli.command("retry")
-@click.argument("job")
+@job_argument()
 @click.option("--device", help="Torch device for the in-process run when there is no broker. [default: auto]")
 @database_option
 @broker_option
 def retry(job: str, device: str | None, database_url: str | None, broker_url: str | None) -> None:
-    """Requeue a job's failed (and cancelled) requests. With no broker they run here, in this process."""
+    """Requeue a job's failed and cancelled requests, and queue the job again (a cancelled one too).
+
+    With no broker they run here, in this process. Prints how many requests were requeued; a job with
+    none to requeue is left as it is (exit 2), as is a cancelled job while requests that were running
+    when it was cancelled have not yet been given up by their workers (retry again in a few seconds).
+    """
     with specq_errors():
         from specq.db.session import open_database
         from specq.jobs.control import retry_job
@@ -45,9 +50,15 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
             check_broker(broker)
         db = open_database(database_url)
         outcome = retry_job(db, job, enqueued=broker is not None)
+        if outcome.winding_down:
+            raise UsageLine(
+                f"job {job} is cancelled and {outcome.winding_down} of its requests are still running until their "
+                "workers see the cancel; nothing was requeued: retry again in a few seconds"
+            )
         if not outcome.chunks:
-            raise click.UsageError(f"job {job} ({outcome.previous}) has no failed or cancelled requests to retry")
-        click.echo(f"job {job}: {outcome.requeued} requests requeued", err=True)
+            raise UsageLine(f"job {job} ({outcome.previous}) has no failed or cancelled requests; nothing was requeued")
+        change = outcome.state if outcome.state == outcome.previous else f"{outcome.previous} -> {outcome.state}"
+        click.echo(f"job {job} ({change}): {_requeued(outcome.requeued)}", err=True)
         if broker is not None:
             enqueue_chunks(broker, outcome.chunks)
             return
@@ -59,3 +70,10 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
     click.echo(f"job {job} {status['state']}: {status['completed']} completed, {status['failed']} failed", err=True)
     if status["state"] != "completed":
         raise click.ClickException(f"job {job} {status['state']}")
+
+
+def _requeued(by_state: dict[str, int]) -> str:
+    """ "3 requests requeued (2 failed, 1 cancelled)"; running ones were abandoned (their lease expired)."""
+    words = {"running": "abandoned"}
+    parts = ", ".join(f"{n} {words.get(state, state)}" for state, n in sorted(by_state.items()))
+    return f"{sum(by_state.values())} requests requeued" + (f" ({parts})" if parts else "")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import database_option, specq_errors
+from specq.cli.options import database_option, job_argument, specq_errors
 
 FORMATS = ("csv", "jsonl", "openai")
 
 
 @cli.command("export")
-@click.argument("job")
+@job_argument()
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write ('-': stdout).")
 @click.option(
     "--format",
@@ -19,14 +19,23 @@ FORMATS = ("csv", "jsonl", "openai")
     type=click.Choice(FORMATS),
     help="csv, jsonl (as `specq run` writes) or openai (Batch API output). [default: jsonl for *.jsonl, else csv]",
 )
+@click.option(
+    "--csv-raw",
+    is_flag=True,
+    help="CSV: keep every cell exactly (RFC 4180 round trip). By default a text cell that begins with =, +, -, @, "
+    "a tab or a carriage return gets a leading ' so spreadsheets show it instead of running it as a formula.",
+)
 @database_option
-def export(job: str, output: str, fmt: str | None, database_url: str | None) -> None:
-    """Write the job's results, one per request in input order, to FILE."""
+def export(job: str, output: str, fmt: str | None, csv_raw: bool, database_url: str | None) -> None:
+    """Write the job's results, one per request in input order, to FILE.
+
+    A FIFO, a device or /dev/stdout is written through; a file (or a link's target) is replaced whole
+    once complete."""
     if fmt is None:
         fmt = "jsonl" if output.endswith((".jsonl", ".json")) else "csv"
     with specq_errors():
         from specq.db.session import open_database
         from specq.jobs.export import export_job
 
-        count = export_job(open_database(database_url), job, output, fmt)  # type: ignore[arg-type]
+        count = export_job(open_database(database_url), job, output, fmt, csv_raw=csv_raw)  # type: ignore[arg-type]
     click.echo(f"wrote {count} results of job {job} to {output} ({fmt})", err=True)

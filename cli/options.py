@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from specq.errors import BadInputError, JobNotFoundError, ModelLoadError, ServiceUnavailableError, SpecqError
+from specq.errors import (
+    BadInputError,
+    ConfigError,
+    JobNotFoundError,
+    ModelLoadError,
+    OutputPathError,
+    ServiceUnavailableError,
+    SpecqError,
+)
 from specq.limits import BATCH_SIZE, MAX_TOKENS, NUM_SPECULATIVE_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P, Limit
 
 if TYPE_CHECKING:
@@ -192,6 +200,17 @@ def input_limit_options(command: Command) -> Command:
     )(decorated)
 
 
+def _job_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.strip():  # `status ""` would list every job instead
+        raise click.BadParameter("a job id must not be empty", ctx, param)
+    return value
+
+
+def job_argument(required: bool = True) -> Callable[[F], F]:
+    """The JOB argument: a job id, never empty (a script's unset variable must not match every job)."""
+    return click.argument("job", required=required, callback=_job_id)
+
+
 def database_option(f: F) -> F:
     return click.option(
         "--database-url",
@@ -223,6 +242,13 @@ class BadInput(click.ClickException):
         click.echo(f"Error: {self.format_message()}", err=True)
 
 
+class UsageLine(click.ClickException):
+    """A usage error about a value rather than the command line (a bad output path or setting, a job in
+    a state that refuses the command): its one line, exit 2, without the usage text that would not help."""
+
+    exit_code = 2
+
+
 @contextmanager
 def specq_errors() -> Iterator[None]:
     """Turn domain errors into click's: bad input and unloadable models exit 2, services down exit 1,
@@ -231,6 +257,8 @@ def specq_errors() -> Iterator[None]:
         yield
     except BadInputError as exc:
         raise BadInput(exc.problems) from None
+    except (OutputPathError, ConfigError) as exc:
+        raise UsageLine(str(exc)) from None
     except (ModelLoadError, JobNotFoundError) as exc:
         raise click.UsageError(str(exc)) from None
     except ServiceUnavailableError as exc:

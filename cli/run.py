@@ -44,19 +44,14 @@ def run(
     path = output_path or str(default_output_path(input_path))
     show = sys.stderr.isatty() if progress is None else progress
     with specq_errors(), _RunProgress(show) as bar:
-        out = sys.stdout if path == "-" else open(path, "w", encoding="utf-8")  # noqa: SIM115
-        try:
-            summary = run_file(
-                input_path,
-                out,
-                **vars(generation),  # target, draft, decoding, sampling, device, dtype
-                on_start=bar.start,
-                on_progress=bar.progress_of,
-                limits=input_limits,
-            )
-        finally:
-            if out is not sys.stdout:
-                out.close()
+        summary = run_file(
+            input_path,
+            path,
+            **vars(generation),  # target, draft, decoding, sampling, device, dtype
+            on_start=bar.start,
+            on_progress=bar.progress_of,
+            limits=input_limits,
+        )
     stats = summary.stats
     click.echo(
         f"{summary.completed} completed, {summary.failed} failed of {summary.total}; "

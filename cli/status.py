@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import database_option, specq_errors
+from specq.cli.options import database_option, job_argument, specq_errors
 
 
 def _fmt(value: Any) -> str:
@@ -20,7 +20,7 @@ def _fmt(value: Any) -> str:
 
 
 @cli.command("status")
-@click.argument("job", required=False)
+@job_argument(required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: one object for JOB, else a list, newest first.")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Recent jobs listed without JOB."

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from specq.db.models import Job, Request, Result
@@ -24,10 +25,14 @@ class CancelOutcome:
 
 @dataclass(frozen=True)
 class RetryOutcome:
-    previous: str
-    requeued: int  # failed or cancelled requests put back in the queue
+    previous: str  # the job's state before
+    state: str  # ... and after
+    requeued: dict[str, int]  # requests put back in the queue, by the state they were in
     chunks: list[Chunk]  # to enqueue: every chunk holding a queued request of the job
     device: str | None  # the device the job was submitted with, for a retry in-process
+    # a cancelled job's requests that still run under a live lease (their workers give them up at their
+    # next write): while there are any, retry changes nothing
+    winding_down: int = 0
 
 
 def _locked_job(db: Database, session: Session, job_id: str) -> Job:
@@ -59,7 +64,12 @@ def cancel_job(db: Database, job_id: str) -> CancelOutcome:
 
 def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome:
     """Requeue the job's failed and cancelled requests (and running ones whose lease expired); the
-    failed ones' results are deleted.
+    failed ones' results are deleted, and a job that had ended (a cancelled one included) is queued again.
+
+    Right after `cancel`, the requests that were running still hold their leases until their workers
+    see the cancel and give them up (as cancelled): until then a retry of the cancelled job changes
+    nothing and says so (`winding_down`), since a request given up under a job that runs again would
+    never end, and neither would the job.
 
     The chunks returned cover every queued request of the job, so a retry also recovers requests whose
     task was lost (e.g. a broker that was flushed). `enqueued`: the caller sends them to the broker
@@ -68,9 +78,19 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
     with db.session() as session:
         job = _locked_job(db, session, job_id)
         previous = job.state
+        if job.state == JobState.CANCELLED:
+            winding_down = session.scalar(
+                select(func.count()).where(
+                    Request.job_id == job_id,
+                    Request.state == RequestState.RUNNING,
+                    Request.lease_expires_at >= utcnow(),
+                )
+            )
+            if winding_down:
+                return RetryOutcome(previous, previous, {}, [], job.settings.get("device"), winding_down)
         retryable = [s for s in request_sources(RequestState.QUEUED) if s != RequestState.RUNNING]
-        ids = session.scalars(
-            select(Request.id).where(
+        found = session.execute(
+            select(Request.id, Request.state).where(
                 Request.job_id == job_id,
                 or_(
                     Request.state.in_(retryable),  # failed, cancelled
@@ -79,6 +99,8 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
                 ),
             )
         ).all()
+        ids = [request_id for request_id, _ in found]
+        requeued = Counter(str(state) for _, state in found)
         if ids:
             n_failed = session.execute(
                 delete(Result).where(Result.request_id.in_(ids)).execution_options(synchronize_session=False)
@@ -99,4 +121,4 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
             select(Request.seq // size).where(Request.job_id == job_id, Request.state == RequestState.QUEUED).distinct()
         ).all()
         chunks = [(job_id, int(i) * size, min((int(i) + 1) * size, job.total)) for i in sorted(firsts)]
-        return RetryOutcome(previous, len(ids), chunks, job.settings.get("device"))
+        return RetryOutcome(previous, job.state, dict(requeued), chunks, job.settings.get("device"))

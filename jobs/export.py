@@ -7,18 +7,15 @@ has no completion and says why in `error` (jsonl, openai) or `status` (csv).
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import IO, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import select
 
 from specq.db.models import Job, Request, Result
 from specq.db.session import Database, schema_ready
 from specq.errors import JobNotFoundError
+from specq.jobs.output_file import open_output
 from specq.jobs.outputs import csv_row, openai_record, result_record, write_csv, write_jsonl
 
 ExportFormat = Literal["csv", "jsonl", "openai"]
@@ -87,38 +84,18 @@ def _not_run(state: str) -> StoredResult:
     return StoredResult([], "", None, 0, 0, 0, 0, f"the request did not run ({state})")
 
 
-@contextmanager
-def _open_output(path: str) -> Iterator[IO[str]]:
-    """The output file, written under a temporary name and renamed when complete; "-" is stdout."""
-    if path == "-":
-        yield sys.stdout
-        sys.stdout.flush()
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".specq-export-", dir=folder)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
-    try:
-        with open(fd, "w", encoding="utf-8", newline="") as out:
-            yield out
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def export_job(db: Database, job_id: str, path: str, fmt: ExportFormat = "csv") -> int:
-    """Write the job's results to `path` in `fmt`; returns the number of requests written."""
+def export_job(db: Database, job_id: str, path: str, fmt: ExportFormat = "csv", *, csv_raw: bool = False) -> int:
+    """Write the job's results to `path` in `fmt`; returns the number of requests written. CSV text
+    cells that a spreadsheet would run get a leading `'` unless `csv_raw` (jobs.outputs.defused)."""
     with db.session() as session:
         job = session.get(Job, job_id) if schema_ready(db) else None
         if job is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
         target = job.target
     rows = _rows(db, job_id)
-    with _open_output(path) as out:
+    with open_output(path) as out:
         if fmt == "csv":
-            return write_csv(out, (csv_row(request, result, state) for request, result, state in rows))
+            return write_csv(out, (csv_row(request, result, state) for request, result, state in rows), raw=csv_raw)
         if fmt == "jsonl":
             return write_jsonl(
                 out,

@@ -21,8 +21,9 @@ Decisions, so callers and users can rely on them:
   the line number an editor shows.
 - An override set to ``null`` counts as not set (the OpenAI API allows ``null`` for them).
 - Ranges are specq.limits': ``max_tokens`` an integer in [1, 1,000,000] (the model's context is checked
-  later, per request), ``temperature`` a number in [0, 2] (OpenAI's range), ``top_p`` in (0, 1], ``top_k``
-  an integer >= 0, ``seed`` an integer in [0, 2**63), ``stop`` a non-empty string or a list of at most 4
+  later, per request), ``temperature`` a number in [0, 2] (OpenAI's range; one below
+  ``MIN_SAMPLING_TEMPERATURE``, 1e-5, is decoded greedily, as 0), ``top_p`` in (0, 1], ``top_k``
+  an integer in [0, 2**31 - 1], ``seed`` an integer in [0, 2**63), ``stop`` a non-empty string or a list of at most 4
   of them. Booleans are not numbers.
 - Prompts and message contents are non-empty strings; NUL characters and lone surrogates are refused
   because the results store cannot hold them.
@@ -134,6 +135,23 @@ def _type_name(value: Any) -> str:
     return "object"
 
 
+MAX_ECHO_CHARS = 80  # of a value a message quotes from the line
+
+
+def _echo(value: Any) -> str:
+    """A value of the line as a message quotes it: JSON (a newline or a quote in a string cannot forge
+    another `INPUT:LINE:` line of the report), cut to MAX_ECHO_CHARS; an array or object by its type."""
+    if isinstance(value, list | dict):
+        return _type_name(value)
+    text = json.dumps(value)
+    return text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 3] + "..."
+
+
+def _first_key(keys: Any, prefix: str = "") -> str:
+    """The first (sorted) of a line's offending `keys`, quoted, with its `prefix` ("body.")."""
+    return _echo(prefix + sorted(keys)[0])
+
+
 def _check_text(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise LineError(f'"{name}" must be a string, got {_type_name(value)}')
@@ -167,7 +185,7 @@ def _check_int(name: str, value: Any, limit: Limit) -> int:
 def _check_range(name: str, number: float, value: Any, limit: Limit) -> None:
     """`number` is `value` as checked; the message shows `value` as the line wrote it."""
     if number not in limit:
-        raise LineError(f'"{name}" must be {limit.text()}, got {value}')
+        raise LineError(f'"{name}" must be {limit.text()}, got {_echo(value)}')
 
 
 def _check_number(name: str, value: Any) -> float:
@@ -215,15 +233,14 @@ def _check_messages(name: str, value: Any) -> list[dict]:
         if not isinstance(message, dict):
             raise LineError(f'"{where}" must be an object, got {_type_name(message)}')
         if not message.keys() <= _MESSAGE_KEYS:
-            extra = sorted(message.keys() - _MESSAGE_KEYS)[0]
-            raise LineError(f'"{where}" has unsupported field "{extra}"')
+            raise LineError(f'"{where}" has unsupported field {_first_key(message.keys() - _MESSAGE_KEYS)}')
         if "role" not in message:
             raise LineError(f'"{where}" is missing "role"')
         if "content" not in message:
             raise LineError(f'"{where}" is missing "content"')
         role = message["role"]
-        if role not in CHAT_ROLES:
-            raise LineError(f'"{where}.role" must be one of "system", "user", "assistant", got {json.dumps(role)}')
+        if not isinstance(role, str) or role not in CHAT_ROLES:  # an array or object is not hashable
+            raise LineError(f'"{where}.role" must be one of "system", "user", "assistant", got {_echo(role)}')
         messages.append({"role": role, "content": _check_text(f"{where}.content", message["content"])})
     return messages
 
@@ -249,7 +266,7 @@ def _read_overrides(obj: dict, prefix: str) -> dict:
 
 def _parse_plain(obj: dict, line: int) -> RequestSpec:
     if not obj.keys() <= _PLAIN_KEYS:
-        raise LineError(f'unknown field "{sorted(obj.keys() - _PLAIN_KEYS)[0]}"')
+        raise LineError(f"unknown field {_first_key(obj.keys() - _PLAIN_KEYS)}")
     request_id = _check_id("id", obj["id"]) if "id" in obj else str(line)
     kind, prompt, messages = _read_prompt(obj, "")
     return RequestSpec(line, request_id, kind, prompt, messages, _read_overrides(obj, ""))
@@ -258,23 +275,23 @@ def _parse_plain(obj: dict, line: int) -> RequestSpec:
 def _parse_openai(obj: dict, line: int) -> RequestSpec:
     if obj.keys() != _OPENAI_KEYS:
         if not obj.keys() <= _OPENAI_KEYS:
-            raise LineError(f'unknown field "{sorted(obj.keys() - _OPENAI_KEYS)[0]}" in an OpenAI Batch line')
+            raise LineError(f"unknown field {_first_key(obj.keys() - _OPENAI_KEYS)} in an OpenAI Batch line")
         for key in ("custom_id", "method", "url", "body"):
             if key not in obj:
                 raise LineError(f'missing "{key}" (an OpenAI Batch line has custom_id, method, url, body)')
     request_id = _check_id("custom_id", obj["custom_id"])
     if obj["method"] != "POST":
-        raise LineError(f'"method" must be "POST", got {json.dumps(obj["method"])}')
+        raise LineError(f'"method" must be "POST", got {_echo(obj["method"])}')
     url = obj["url"]
     if url not in (COMPLETIONS_URL, CHAT_URL):
-        raise LineError(f'"url" must be "{COMPLETIONS_URL}" or "{CHAT_URL}", got {json.dumps(url)}')
+        raise LineError(f'"url" must be "{COMPLETIONS_URL}" or "{CHAT_URL}", got {_echo(url)}')
     body = obj["body"]
     if not isinstance(body, dict):
         raise LineError(f'"body" must be an object, got {_type_name(body)}')
     if not body.keys() <= _BODY_ALLOWED:
-        raise LineError(f'"body.{sorted(body.keys() - _BODY_ALLOWED)[0]}" is not supported')
+        raise LineError(f"{_first_key(body.keys() - _BODY_ALLOWED, 'body.')} is not supported")
     if body.get("n", 1) != 1:
-        raise LineError(f'"body.n" must be 1, got {json.dumps(body["n"])}')
+        raise LineError(f'"body.n" must be 1, got {_echo(body["n"])}')
     if body.get("stream") not in (None, False):
         raise LineError('"body.stream" must be false')
     expected = "messages" if url == CHAT_URL else "prompt"
@@ -293,6 +310,7 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
     return RequestSpec(line, request_id, kind, prompt, messages, overrides)
 
 
+MAX_JSON_DEPTH = 1024  # orjson's limit: arrays and objects nested deeper are refused
 _decode_json = json.JSONDecoder().decode  # json.loads minus its per-call argument handling
 
 
@@ -302,7 +320,9 @@ def _loads(text: str) -> Any:
     lone surrogates, integers past 64 bits), which validation then reports in its own words."""
     try:
         return orjson.loads(text)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # the standard parser would recurse until Python's own limit
+            raise LineError(f"not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
         return _decode_json(text)
 
 
@@ -316,6 +336,10 @@ def parse_line(raw: bytes, line: int) -> RequestSpec:
         text = text[1:]  # a UTF-8 byte order mark, as some editors write
     try:
         obj = _loads(text)
+    except RecursionError:  # nesting that orjson refused for another reason, deep enough for the fallback
+        raise LineError(f"not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except LineError:
+        raise
     except ValueError as exc:
         msg = getattr(exc, "msg", str(exc))
         col = getattr(exc, "colno", None)
@@ -412,7 +436,7 @@ class _Scan:
                     continue
                 first = first_line.setdefault(request_id, number)
                 if first != number:
-                    found.append((number, f"duplicate id {json.dumps(request_id)} (first on line {first})"))
+                    found.append((number, f"duplicate id {_echo(request_id)} (first on line {first})"))
         return found
 
 

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
 from specq.jobs.inputs import InputLimits, iter_request_specs, validate_file
+from specq.jobs.output_file import open_output
 from specq.jobs.outputs import result_record
 from specq.jobs.params import engine_request
 
@@ -37,7 +38,7 @@ Progress = Callable[[int, EngineStats], None]  # (requests written so far, engin
 
 def run_file(
     input_path: str,
-    output: IO[str],
+    output_path: str,
     *,
     target: str,
     draft: str | None,
@@ -49,53 +50,56 @@ def run_file(
     on_progress: Progress = lambda done, stats: None,
     limits: InputLimits | None = None,
 ) -> RunSummary:
-    """Generate for every line of `input_path` and write one JSON line per request to `output`."""
+    """Generate for every line of `input_path` and write one JSON line per request to `output_path`
+    ("-": stdout), as jobs.output_file writes: nothing is written, and an existing file is left as it
+    was, unless the whole input is good and the run ends."""
     from specq.models.loading import load_pair, resolve_device
 
     total = validate_file(input_path, limits)
-    on_start(total)
-    pair = load_pair(target, draft, resolve_device(device), dtype)
-    from specq.decoding.engine import SpeculativeEngine
+    with open_output(output_path) as output:
+        on_start(total)
+        pair = load_pair(target, draft, resolve_device(device), dtype)
+        from specq.decoding.engine import SpeculativeEngine
 
-    engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)
-    summary = RunSummary(total=total, stats=engine.stats)
-    ids: dict[int, str] = {}  # key -> request id, for lines not yet written
-    early_failures: dict[int, GenerationResult] = {}
+        engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)
+        summary = RunSummary(total=total, stats=engine.stats)
+        ids: dict[int, str] = {}  # key -> request id, for lines not yet written
+        early_failures: dict[int, GenerationResult] = {}
 
-    def requests() -> Iterator[GenerationRequest]:
-        for key, spec in enumerate(iter_request_specs(input_path, limits)):
-            ids[key] = spec.id
-            request = engine_request(key, spec, pair.tokenizer, sampling)
-            if isinstance(request, GenerationResult):
-                early_failures[key] = request
-            else:
-                yield request
+        def requests() -> Iterator[GenerationRequest]:
+            for key, spec in enumerate(iter_request_specs(input_path, limits)):
+                ids[key] = spec.id
+                request = engine_request(key, spec, pair.tokenizer, sampling)
+                if isinstance(request, GenerationResult):
+                    early_failures[key] = request
+                else:
+                    yield request
 
-    waiting: dict[int, GenerationResult] = {}
-    next_key = 0
+        waiting: dict[int, GenerationResult] = {}
+        next_key = 0
 
-    def flush() -> None:
-        nonlocal next_key
-        while True:
-            result = waiting.pop(next_key, None) or early_failures.pop(next_key, None)
-            if result is None:
-                return
-            output.write(json.dumps(result_record({"id": ids.pop(next_key)}, result, with_tokens=True)) + "\n")
-            if result.error is None:
-                summary.completed += 1
-            else:
-                summary.failed += 1
-                log.info("request %s failed: %s", result.key, result.error)
-            next_key += 1
+        def flush() -> None:
+            nonlocal next_key
+            while True:
+                result = waiting.pop(next_key, None) or early_failures.pop(next_key, None)
+                if result is None:
+                    return
+                output.write(json.dumps(result_record({"id": ids.pop(next_key)}, result, with_tokens=True)) + "\n")
+                if result.error is None:
+                    summary.completed += 1
+                else:
+                    summary.failed += 1
+                    log.info("request %s failed: %s", result.key, result.error)
+                next_key += 1
 
-    for result in engine.generate(requests()):
-        waiting[result.key] = result
-        flush()
+        for result in engine.generate(requests()):
+            waiting[result.key] = result
+            flush()
+            on_progress(next_key, engine.stats)
+        flush()  # failures after the last generated request
         on_progress(next_key, engine.stats)
-    flush()  # failures after the last generated request
-    on_progress(next_key, engine.stats)
-    summary.stats = engine.stats
-    return summary
+        summary.stats = engine.stats
+        return summary
 
 
 def default_output_path(input_path: str) -> Path:

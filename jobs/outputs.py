@@ -1,5 +1,8 @@
 """Output records: `specq run` lines, `export --format jsonl|csv|openai`.
 
+CSV text cells that a spreadsheet would run as formulas get a leading `'` unless raw (`defused`); JSON
+lines are always exact.
+
 One request's output is built from its request (a `RequestSpec`, or a mapping with at least `id`, and
 for CSV/OpenAI `kind`, `prompt`, `messages`) and its `GenerationResult`. A failed request has
 `completion` and `finish_reason` null and its message in `error`.
@@ -165,13 +168,25 @@ def csv_writer(out: IO[str]) -> Any:
     return csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
 
 
-def write_csv(out: IO[str], rows: Iterable[list[Any]]) -> int:
-    """Write the header and `rows` (from csv_row); returns the number of rows."""
+# A spreadsheet runs a cell that begins with one of these as a formula (a tab or a carriage return can
+# hide one behind them); completions and prompts are untrusted text
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def defused(cell: Any) -> Any:
+    """A text cell that a spreadsheet would run, with a leading `'` (OWASP's CSV-injection defence, as
+    spreadsheets show it: the text, not a formula); other cells, numbers included, as they are."""
+    return "'" + cell if isinstance(cell, str) and cell.startswith(FORMULA_STARTS) else cell
+
+
+def write_csv(out: IO[str], rows: Iterable[list[Any]], *, raw: bool = False) -> int:
+    """Write the header and `rows` (from csv_row); returns the number of rows. Text cells are `defused`
+    unless `raw`, which keeps every cell exactly (the RFC 4180 round trip)."""
     writer = csv_writer(out)
     writer.writerow(CSV_COLUMNS)
     count = 0
     for row in rows:
-        writer.writerow(row)
+        writer.writerow(row if raw else [defused(cell) for cell in row])
         count += 1
     return count
 

@@ -38,7 +38,7 @@ from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
 from specq.jobs.services import check_broker
 from specq.jobs.store import insert_requests
-from specq.queue import DEFAULT_MAX_ATTEMPTS, QUEUE, Chunk
+from specq.queue import DEFAULT_MAX_ATTEMPTS, Chunk, QueueSettings
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _store(
         if total == 0:
             raise BadInputError([f"{name}: the file has no requests"])
         models.wait()
-        chunk_size = QUEUE.chunk_size(total, int(spec.decoding.get("batch_size", 8)))
+        chunk_size = QueueSettings.from_env().chunk_size(total, int(spec.decoding.get("batch_size", 8)))
         job.total, job.settings = total, spec.settings(chunk_size)
         # set just before the enqueue: a sweeper treats a chunk as lost only once this is old
         job.enqueued_at = utcnow() if broker is not None else None

@@ -13,6 +13,14 @@ class BadInputError(SpecqError):
         super().__init__("\n".join(problems))
 
 
+class ConfigError(SpecqError):
+    """A setting (an environment variable) has a bad value; the message names it."""
+
+
+class OutputPathError(SpecqError):
+    """The output path cannot be written (a missing folder, no permission, a folder): bad usage."""
+
+
 class ModelLoadError(SpecqError):
     """A model or tokenizer cannot be loaded, or the target and draft do not fit together."""
 

@@ -40,11 +40,18 @@ class Limit:
 
 MAX_TOKENS = Limit(1, 1_000_000, description="a sanity bound; the model's context is checked per request later")
 TEMPERATURE = Limit(0, 2, description="OpenAI's range; 0 is greedy")
+# The smallest temperature that samples: a positive one below it is decoded greedily, as 0 is (vLLM's
+# _SAMPLING_EPS). Logits divided by 1e-40 overflow float32 (and 1e-300 is 0 there), so the softmax held
+# NaNs and the sampler returned the last token of the vocabulary over and over; at 1e-5 the scaled
+# logits stay finite and the distribution is already all but one-hot, so greedy is what the user meant.
+MIN_SAMPLING_TEMPERATURE = 1e-5
 TOP_P = Limit(0, 1, low_open=True, description="the nucleus' probability mass")
-TOP_K = Limit(0, description="0: no top-k cut")
+# A token id fits a signed 32-bit integer in every tokenizer; a larger k cuts nothing more (and 2**63
+# overflowed the engine's int64 tensors)
+TOP_K = Limit(0, 2**31 - 1, description="0: no top-k cut; at most the largest 32-bit vocabulary")
 SEED = Limit(0, 2**63 - 1, description="a signed 64-bit integer")
 MAX_STOP_STRINGS = 4  # as in the OpenAI API
 NUM_SPECULATIVE_TOKENS = Limit(0, 32, description="K, the most draft tokens a step may propose; 0: no draft")
-BATCH_SIZE = Limit(1, description="sequences decoded together")
+BATCH_SIZE = Limit(1, 65_536, description="sequences decoded together; a sanity bound far past any device's memory")
 # `specq bench` compares speculation with target-only decoding: it needs K >= 1
 BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")

@@ -17,10 +17,13 @@ message in Redis (a Redis restart loses them all), once the job's last enqueue i
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from specq.errors import ConfigError
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -35,6 +38,8 @@ PROCESS_CHUNK_TASK = "specq.process_chunk"  # the task name, so senders need not
 Chunk = tuple[str, int, int]  # a chunk task's arguments: (job_id, first, end), positions [first, end)
 
 BROKER_ENV = "SPECQ_BROKER_URL"
+# the timings a deployment (or a test) may set, each as its environment variable
+TIMING_ENV = {name: f"SPECQ_{name.upper()}" for name in ("heartbeat_s", "lease_s", "sweep_s", "lost_after_s")}
 
 # A request whose worker died this many times while it was in the engine is failed, not run again (a
 # prompt that crashes the process must not take the fleet down forever); a job may set its own.
@@ -69,6 +74,8 @@ class QueueSettings:
             raise ValueError("lease_s must cover at least 3 heartbeats, so one late beat loses no lease")
         if self.lease_s >= self.visibility_timeout_s:
             raise ValueError("visibility_timeout_s must exceed lease_s: the sweeper, not Redis, recovers first")
+        if not self.sweep_s > 0:
+            raise ValueError("sweep_s must be > 0")
         if min(self.target_chunks, self.min_batches_per_chunk, self.max_chunk_size) < 1:
             raise ValueError("target_chunks, min_batches_per_chunk and max_chunk_size must be >= 1")
         if self.lost_after_s is not None and self.lost_after_s <= 0:
@@ -94,21 +101,33 @@ class QueueSettings:
     @classmethod
     def from_env(cls) -> QueueSettings:
         """Defaults, with the timings overridable as SPECQ_HEARTBEAT_S, SPECQ_LEASE_S, SPECQ_SWEEP_S,
-        SPECQ_LOST_AFTER_S (tests shorten them to watch a dead worker's requests come back within seconds)."""
+        SPECQ_LOST_AFTER_S (tests shorten them to watch a dead worker's requests come back within seconds).
+
+        Read when a command needs them (never at import), so a bad value fails only those commands, with
+        a ConfigError naming the variable: not a finite number, or timings that do not fit together."""
         overrides: dict[str, Any] = {}
-        for name in ("heartbeat_s", "lease_s", "sweep_s", "lost_after_s"):
-            value = os.environ.get(f"SPECQ_{name.upper()}")
-            if value:
+        for name, env in TIMING_ENV.items():
+            value = os.environ.get(env)
+            if not value:
+                continue
+            try:
                 overrides[name] = float(value)
-        return cls(**overrides)
+            except ValueError:
+                overrides[name] = math.nan
+            if not math.isfinite(overrides[name]):
+                raise ConfigError(f"{env} must be a finite number of seconds, got {value!r}")
+        try:
+            return cls(**overrides)
+        except ValueError as exc:
+            given = ", ".join(f"{TIMING_ENV[name]}={os.environ[TIMING_ENV[name]]}" for name in overrides)
+            raise ConfigError(f"bad queue timings ({given or 'the defaults'}): {exc}") from None
 
 
-QUEUE = QueueSettings.from_env()
-
-
-def celery_config(queue: QueueSettings = QUEUE) -> dict[str, Any]:
+def celery_config(queue: QueueSettings | None = None) -> dict[str, Any]:
     """The Celery configuration both sides use: JSON only, late acks, one prefetched task, tasks of
-    lost workers rejected, every key under KEY_PREFIX."""
+    lost workers rejected, every key under KEY_PREFIX. `queue`: None reads it from the environment."""
+    if queue is None:
+        queue = QueueSettings.from_env()
     return {
         "task_serializer": "json",
         "result_serializer": "json",

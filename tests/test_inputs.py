@@ -152,7 +152,7 @@ def test_utf8_bom_and_unicode(tmp_path: Path) -> None:
         ('{"prompt": "a", "temperature": NaN}', '"temperature" must be a finite number, got nan'),
         ({"prompt": "a", "top_p": 0}, '"top_p" must be in (0, 1], got 0'),
         ({"prompt": "a", "top_p": 1.01}, '"top_p" must be in (0, 1], got 1.01'),
-        ({"prompt": "a", "top_k": -1}, '"top_k" must be >= 0, got -1'),
+        ({"prompt": "a", "top_k": -1}, '"top_k" must be in [0, 2147483647], got -1'),
         ({"prompt": "a", "top_k": 2.0}, '"top_k" must be an integer, got number'),
         ({"prompt": "a", "seed": -1}, '"seed" must be in [0, 9223372036854775807], got -1'),
         (
@@ -307,3 +307,73 @@ def test_many_lines_stream(tmp_path: Path) -> None:
     assert validate_file(path) == 20_000
     ids = [spec.id for spec in iter_request_specs(path)]
     assert ids[0] == "q0" and ids[-1] == "q19999" and len(set(ids)) == 20_000
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON: nested deeper than 1024 levels"),
+        ('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", "not valid JSON: nested deeper than 1024 levels"),
+        (
+            '{"prompt": "a", "x": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}",
+            "not valid JSON: nested deeper than 1024 levels",
+        ),
+        (
+            {"messages": [{"role": ["user"], "content": "x"}]},
+            '"messages[0].role" must be one of "system", "user", "assistant", got array',
+        ),
+        (
+            {"messages": [{"role": {"a": 1}, "content": "x"}]},
+            '"messages[0].role" must be one of "system", "user", "assistant", got object',
+        ),
+        (
+            {"messages": [{"role": 3, "content": "x"}]},
+            '"messages[0].role" must be one of "system", "user", "assistant", got 3',
+        ),
+        (
+            openai("/v1/chat/completions", messages=[{"role": [], "content": "x"}]),
+            '"body.messages[0].role" must be one of "system", "user", "assistant", got array',
+        ),
+        ({"prompt": "a", "top_k": 2**63}, '"top_k" must be in [0, 2147483647], got 9223372036854775808'),
+        ({"prompt": "a", "top_k": 2**31}, '"top_k" must be in [0, 2147483647], got 2147483648'),
+    ],
+)
+def test_hostile_lines_are_line_errors(tmp_path: Path, line: object, message: str) -> None:
+    assert one_problem(tmp_path, line) == message
+
+
+def test_top_k_at_its_bound_is_accepted(tmp_path: Path) -> None:
+    (spec,) = iter_request_specs(write_lines(tmp_path / "in.jsonl", [{"prompt": "a", "top_k": 2**31 - 1}]))
+    assert spec.overrides == {"top_k": 2**31 - 1}
+
+
+def test_echoed_keys_and_values_cannot_forge_report_lines(tmp_path: Path) -> None:
+    """Whatever a line holds, its report is one line: keys and values it echoes are JSON-quoted."""
+    forged = 'x"\nIN.jsonl:99: "prompt" must not be empty\n'
+    lines: list[object] = [
+        {"prompt": "a", forged: 1},
+        {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}, forged: 1},
+        {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p", forged: 1}},
+        {"messages": [{"role": "user", "content": "x", forged: 1}]},
+        {"messages": [{"role": forged, "content": "x"}]},
+        {"custom_id": "c", "method": forged, "url": "/v1/completions", "body": {"prompt": "p"}},
+        {"custom_id": "c", "method": "POST", "url": forged, "body": {"prompt": "p"}},
+        openai(prompt="p", n=forged),
+        {"id": forged, "prompt": "a"},
+        {"id": forged, "prompt": "a"},
+        {"prompt": "a", "x" * 1000: 1},
+    ]
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    problems = problems_of(path)
+    assert len(problems) == len(lines) - 1  # the first of the two same ids is good
+    for problem in problems:
+        assert "\n" not in problem and "\r" not in problem, problem
+        assert len(problem) < len(path) + 200, problem
+    quoted = json.dumps(forged)
+    assert problems[0] == f"{path}:1: unknown field {quoted}"
+    assert problems[1] == f"{path}:2: unknown field {quoted} in an OpenAI Batch line"
+    assert problems[2] == f"{path}:3: {json.dumps('body.' + forged)} is not supported"
+    assert problems[3] == f'{path}:4: "messages[0]" has unsupported field {quoted}'
+    assert problems[4].endswith(f"got {quoted}")
+    assert problems[8] == f"{path}:10: duplicate id {quoted} (first on line 9)"
+    assert problems[9] == f'{path}:11: unknown field "{"x" * 76}...'

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 
 from specq.decoding.types import GenerationResult
 from specq.jobs.inputs import RequestSpec
@@ -153,3 +154,43 @@ def test_jsonl_writes_unicode_unescaped() -> None:
     text = buf.getvalue()
     assert "\u2603" in text and text.endswith("\n") and text.count("\n") == 1
     assert json.loads(text)["completion"] == '\u2603\n"'
+
+
+FORMULAS = ["=1+1", "+SUM(A1)", "-2+3", "@cmd", "\t=hidden", "\r=hidden", '=HYPERLINK("http://x")']
+HARMLESS = ["1+1", " =spaced", "'quoted", "a=b", ""]
+
+
+def _csv_rows(raw: bool) -> list[dict[str, str]]:
+    buf = io.StringIO(newline="")
+    rows = [
+        csv_row({"id": text, "kind": "completion", "prompt": text}, ok(text=text), "completed")
+        for text in FORMULAS + HARMLESS
+    ]
+    rows.append(csv_row(COMPLETION, replace(failed(), error="-oops"), "failed"))
+    write_csv(buf, rows, raw=raw)
+    read = list(csv.reader(io.StringIO(buf.getvalue(), newline="")))
+    return [dict(zip(CSV_COLUMNS, row, strict=True)) for row in read[1:]]
+
+
+def test_csv_defuses_formulas_by_default() -> None:
+    rows = _csv_rows(raw=False)
+    for row, text in zip(rows, FORMULAS + HARMLESS, strict=False):
+        expected = "'" + text if text in FORMULAS else text
+        assert (row["id"], row["prompt"], row["completion"]) == (expected, expected, expected)
+        # numbers and the fixed words are untouched
+        assert (row["prompt_tokens"], row["completion_tokens"], row["draft_tokens"]) == ("6", "3", "8")
+        assert (row["accepted_tokens"], row["finish_reason"], row["status"]) == ("5", "stop", "completed")
+    assert rows[-1]["error"] == "'-oops"
+
+
+def test_csv_raw_keeps_every_cell_exactly() -> None:
+    rows = _csv_rows(raw=True)
+    for row, text in zip(rows, FORMULAS + HARMLESS, strict=False):
+        assert (row["id"], row["prompt"], row["completion"]) == (text, text, text)
+    assert rows[-1]["error"] == "-oops"
+
+
+def test_jsonl_keeps_formulas_exactly() -> None:
+    buf = io.StringIO()
+    write_jsonl(buf, [result_record(COMPLETION, ok(text=text)) for text in FORMULAS])
+    assert [json.loads(line)["completion"] for line in buf.getvalue().splitlines()] == FORMULAS

@@ -192,7 +192,7 @@ def test_help_needs_no_services_and_no_torch() -> None:
 
 
 def test_celery_is_json_only_late_ack_prefetch_one() -> None:
-    from specq.queue import KEY_PREFIX, QUEUE
+    from specq.queue import KEY_PREFIX, QueueSettings
     from specq.worker.app import app
 
     conf = app.conf
@@ -202,4 +202,5 @@ def test_celery_is_json_only_late_ack_prefetch_one() -> None:
     assert conf.worker_prefetch_multiplier == 1
     options = conf.broker_transport_options
     assert options["global_keyprefix"] == KEY_PREFIX == "specq:"
-    assert options["visibility_timeout"] == QUEUE.visibility_timeout_s > QUEUE.lease_s
+    queue = QueueSettings.from_env()
+    assert options["visibility_timeout"] == queue.visibility_timeout_s > queue.lease_s

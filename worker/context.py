@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specq.db.session import Database
-from specq.queue import QUEUE, Chunk, QueueSettings
+from specq.queue import Chunk, QueueSettings
 from specq.worker.model_cache import ModelCache
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class WorkerConfig:
     name: str  # the lease owner and the workers-table row
     device: str
-    queue: QueueSettings = QUEUE
+    queue: QueueSettings = field(default_factory=QueueSettings.from_env)
     registered: bool = False  # True: a row in the workers table shows this worker's state
     broker: str | None = None  # where requests given back are enqueued again; None: in-process
 
@@ -59,12 +59,12 @@ class WorkerContext:
         device: str,
         *,
         models: ModelCache | None = None,
-        queue: QueueSettings = QUEUE,
+        queue: QueueSettings | None = None,
         metrics: WorkerMetrics | None = None,
         registered: bool = False,
         broker: str | None = None,
     ) -> None:
-        self.config = WorkerConfig(name, device, queue, registered, broker)
+        self.config = WorkerConfig(name, device, queue or QueueSettings.from_env(), registered, broker)
         self.db = db
         self.models = models if models is not None else ModelCache()
         # one adaptive-k policy per model pair and speculation setting, so the step times and acceptance it

@@ -18,7 +18,7 @@ from specq.db.migrate import open_migrated
 from specq.db.session import mask_url
 from specq.jobs.services import check_broker
 from specq.models.loading import resolve_device
-from specq.queue import CHUNK_QUEUE, QUEUE
+from specq.queue import CHUNK_QUEUE, QueueSettings
 from specq.worker.context import WorkerContext
 from specq.worker.heartbeat import Heartbeat, register_worker, unregister_worker
 from specq.worker.model_cache import ModelCache
@@ -55,7 +55,7 @@ def run_worker(
         name=worker_name(resolved),
         device=resolved,
         models=ModelCache(models_cached),
-        queue=QUEUE,
+        queue=QueueSettings.from_env(),
         metrics=metrics,
         registered=True,
         broker=broker,
