@@ -27,6 +27,7 @@ from specq.decoding.hf_model import attention_types
 from specq.errors import ModelLoadError
 from specq.models.families import RECURRENT_FAMILIES, attention_implementation, why_unsupported
 from specq.models.loading import load_model
+from tests.services import count_rows, invoke, services_env, write_requests
 from tests.tiny_models import BOS, EOS, IdTokenizer, noisy_copy, reference_greedy
 
 VOCAB = 128
@@ -291,6 +292,41 @@ def test_recurrent_and_alibi_families_are_refused_by_name(family, tmp_path) -> N
     with pytest.raises(ModelLoadError) as info:
         load_model(str(tmp_path))
     assert str(info.value) == f"the model {str(tmp_path)!r}: {reason}"
+
+
+@pytest.fixture
+def mamba_folder(tiny_pair, tmp_path) -> str:
+    """The tiny pair's tokenizer beside a mamba config: a folder submit and run read before any weight."""
+    import shutil
+
+    folder = tmp_path / "mamba"
+    shutil.copytree(tiny_pair[0], folder)
+    (folder / "model.safetensors").unlink()
+    REFUSED[0].config().save_pretrained(folder)
+    return str(folder)
+
+
+def test_run_refuses_an_unsupported_family_in_one_line(mamba_folder, tmp_path) -> None:
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def", "max_tokens": 4}])
+    result = invoke(["run", path, "-o", str(tmp_path / "out.jsonl"), "--target", mamba_folder])
+    assert result.exit_code == 2, result.output
+    assert f"Error: the model {mamba_folder!r}: mamba is not supported: " in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_submit_refuses_an_unsupported_family_and_stores_nothing(
+    mamba_folder, tiny_pair, pg_db_url, redis_url, tmp_path
+) -> None:
+    from specq.db.models import Job, Request
+
+    env = services_env(pg_db_url, redis_url, tmp_path / "home")
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def", "max_tokens": 4}])
+    for args in (["--target", mamba_folder], ["--target", tiny_pair[0], "--draft", mamba_folder]):
+        result = invoke(["submit", path, *args], env)
+        assert result.exit_code == 2, result.output
+        assert f"the model {mamba_folder!r}: mamba is not supported: " in result.stderr
+        assert result.stdout == "" and "Traceback" not in result.output
+    assert count_rows(pg_db_url, Job) == 0 and count_rows(pg_db_url, Request) == 0
 
 
 def test_every_stateful_causal_lm_of_transformers_is_refused() -> None:
