@@ -38,16 +38,15 @@ T = TypeVar("T")
 
 
 def check_models(target: str, draft: str | None) -> None:
-    """Load the configs and tokenizers (not the weights); ModelLoadError if they are missing, if a
-    model's family is not supported (models/families.py), or if the vocabularies differ."""
+    """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing, if the
+    vocabularies differ, or if a model's family is not supported (models/families.py)."""
     from specq.models.loading import check_same_vocab, check_supported, load_config, load_tokenizer
 
-    for name in (target, draft):
-        if name is not None:
-            check_supported(name, load_config(name))
     tokenizer = load_tokenizer(target)
+    check_supported(target, load_config(target))
     if draft is not None:
         check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+        check_supported(draft, load_config(draft))
 
 
 # -- pairs that passed ----------------------------------------------------------------------------------

@@ -154,12 +154,12 @@ def load_pair(target: str, draft: str | None = None, device: str = "cpu", dtype:
     Configs (the family's support) and tokenizers are checked before any weights are read, so an
     unsupported or mismatched pair costs seconds, not minutes.
     """
-    for name in (target, draft):
-        if name is not None:
-            check_supported(name, load_config(name))
     tokenizer = load_tokenizer(target)
     if draft is not None:
         check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+    for name in (target, draft):
+        if name is not None:
+            check_supported(name, load_config(name))
     target_model = load_model(target, device, dtype)
     draft_model = load_model(draft, device, dtype) if draft is not None else None
     for name, model in ((target, target_model), (draft, draft_model)):
