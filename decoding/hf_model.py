@@ -4,11 +4,19 @@ The engine drives each model through a `RaggedKVCache` (decoding/kv_cache.py): e
 names, per row, the cache column each input token is written to. The 4D attention mask and the
 position ids follow from those columns, so a row decodes exactly as it would in a batch of its own
 (no left padding, position ids equal to column indices).
+
+Each layer gets the mask of its own attention type, as the model's code builds it for a batch of
+one (transformers' masking_utils): full (causal), sliding (a query sees its last `sliding_window`
+columns, itself included) or chunked (a query sees the earlier columns of its own
+`attention_chunk_size` chunk). The cache keeps every column for every layer, so a row rolls back
+the same way whatever its layers' types; a sliding layer just never reads its old columns. Models
+whose layers mix types take a dict of masks by type (as `generate` passes them); the others one mask.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -63,6 +71,9 @@ class RaggedLM:
         self._additive_mask_dtype = (
             next(model.parameters()).dtype if getattr(model.config, "_attn_implementation", "sdpa") == "eager" else None
         )
+        self.layer_types = attention_types(model)  # [num_layers]
+        self._sliding_window = int(getattr(text_config, "sliding_window", None) or 0)
+        self._chunk_size = int(getattr(text_config, "attention_chunk_size", None) or 0)
 
     def new_cache(self, rows: int, capacity: int) -> RaggedKVCache:
         return RaggedKVCache(self.num_layers, rows, capacity)
@@ -102,17 +113,33 @@ class RaggedLM:
         keep: torch.Tensor | int | None,
     ) -> torch.Tensor:
         kv_length = cache.plan.kv_length
-        allowed = torch.arange(kv_length, device=columns.device) <= columns.unsqueeze(-1)  # [rows, T, kv_length]
         kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
         if keep is not None and self.keeps_logits:
             kwargs["logits_to_keep"] = keep
         # Padding past a row's context gets a clamped position; its outputs are never used.
         positions = columns if kv_length <= self.max_context else columns.clamp(max=self.max_context - 1)
-        mask = self._attention_mask(allowed.unsqueeze(1))  # [rows, 1, T, kv_length]
+        masks = self._attention_masks(columns, kv_length)
+        mask = masks if len(masks) > 1 else next(iter(masks.values()))
         logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
         if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0
             logits = torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits
+
+    def _attention_masks(self, columns: torch.Tensor, kv_length: int) -> dict[str, torch.Tensor]:
+        """One 4D mask [rows, 1, T, kv_length] per attention type of the model's layers, for queries at
+        `columns` [rows, T] over the first `kv_length` columns of each row."""
+        query = columns.unsqueeze(-1)  # [rows, T, 1]
+        key = torch.arange(kv_length, device=columns.device)  # [kv_length]
+        causal = key <= query  # [rows, T, kv_length]
+        masks: dict[str, torch.Tensor] = {}
+        for layer_type in dict.fromkeys(self.layer_types):
+            allowed = causal
+            if layer_type == "sliding_attention":
+                allowed = causal & (key > query - self._sliding_window)
+            elif layer_type == "chunked_attention":
+                allowed = causal & (key // self._chunk_size == query // self._chunk_size)
+            masks[layer_type] = self._attention_mask(allowed.unsqueeze(1))
+        return masks
 
     def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         dtype = self._additive_mask_dtype
@@ -121,6 +148,36 @@ class RaggedLM:
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min
         )
+
+
+def attention_types(model: CausalLM) -> list[str]:
+    """Each layer's attention type as the model's own code masks it: "full_attention",
+    "sliding_attention" or "chunked_attention".
+
+    A config with `layer_types` names them (gemma2/3, cohere2, qwen2, llama4, gpt_oss, ministral). A
+    config without them gives every layer one mask: sliding where the config sets a `sliding_window`
+    and the model's code builds sliding masks (mistral, mixtral, phi3, starcoder2, qwen3_moe), else
+    full; a `sliding_window` the code never reads changes nothing.
+    """
+    config = model.config.get_text_config()
+    num_layers = int(config.num_hidden_layers)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        types = [str(t) for t in layer_types[:num_layers]]
+    elif getattr(config, "sliding_window", None) and _builds_sliding_masks(model):
+        types = ["sliding_attention"] * num_layers
+    else:
+        types = ["full_attention"] * num_layers
+    if "sliding_attention" in types and not getattr(config, "sliding_window", None):
+        raise ValueError("the model has sliding-window layers but its config sets no sliding_window")
+    if "chunked_attention" in types and not getattr(config, "attention_chunk_size", None):
+        raise ValueError("the model has chunked-attention layers but its config sets no attention_chunk_size")
+    return types
+
+
+def _builds_sliding_masks(model: CausalLM) -> bool:
+    module = sys.modules.get(type(model).__module__)
+    return module is not None and hasattr(module, "create_sliding_window_causal_mask")
 
 
 _SIGNATURES: dict[type, set[str]] = {}

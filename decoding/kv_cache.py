@@ -35,6 +35,9 @@ class WritePlan:
 
 
 class RaggedLayer(CacheLayerMixin):
+    # Every layer keeps all its columns, sliding-window ones included: the engine's 4D masks apply each
+    # layer's window (decoding/hf_model.py), and a full row is what per-row rollback needs. transformers
+    # reads `is_sliding` only to size masks it builds itself, which it never does for a prepared 4D mask.
     is_sliding = False
     is_croppable = False
 

@@ -1,12 +1,14 @@
-"""Submit's model check: the target and the draft load (tokenizers and configs, not weights) and share a
-vocabulary, so that a typo in a path fails the submit, not every chunk on the workers.
+"""Submit's model check: the target and the draft load (tokenizers and configs, not weights), belong to
+families specq supports, and share a vocabulary, so that a typo in a path or an unsupported model
+fails the submit, not every chunk on the workers.
 
 Importing transformers (and torch with it) to load two tokenizers costs 3-5 s, most of what a small
 submit costs. So the check runs in a child process while the file is read, and a pair of local folders
 that passed is remembered in specq's data directory: the next submit of the same folders skips the
 check. A folder is known by its resolved path and the name, size and modification time of each file in
 it, so a folder whose files changed is checked again, as is every pair after an upgrade of transformers
-or tokenizers. Hub ids are checked every time (what they resolve to can change upstream).
+or tokenizers or a change of what the check checks. Hub ids are checked every time (what they resolve
+to can change upstream).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from specq.errors import ModelLoadError
 from specq.paths import data_dir
 
 log = logging.getLogger(__name__)
@@ -30,29 +31,22 @@ log = logging.getLogger(__name__)
 PASSED_FILE = "checked-models.json"
 PASSED_KEPT = 256  # pairs remembered, the most recent
 LOADERS = ("transformers", "tokenizers")
+# What the check checks: a pair that passed an older revision is checked again (2: supported families).
+CHECK_REVISION = 2
 
 T = TypeVar("T")
 
 
 def check_models(target: str, draft: str | None) -> None:
-    """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing or differ."""
-    from specq.models.loading import check_same_vocab, load_tokenizer
+    """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing, if the
+    vocabularies differ, or if a model's family is not supported (models/families.py)."""
+    from specq.models.loading import check_same_vocab, check_supported, load_config, load_tokenizer
 
     tokenizer = load_tokenizer(target)
-    _check_config(target)
+    check_supported(target, load_config(target))
     if draft is not None:
         check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
-        _check_config(draft)
-
-
-def _check_config(name: str) -> None:
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(name)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot load the model config of {name!r} ({first})") from exc
+        check_supported(draft, load_config(draft))
 
 
 # -- pairs that passed ----------------------------------------------------------------------------------
@@ -87,7 +81,7 @@ def _pair_key(target: str, draft: str | None) -> str | None:
     identities = [_folder_identity(target), None if draft is None else _folder_identity(draft)]
     if identities[0] is None or (draft is not None and identities[1] is None):
         return None
-    return hashlib.sha256(json.dumps([*identities, _loader_versions()]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([*identities, _loader_versions(), CHECK_REVISION]).encode()).hexdigest()
 
 
 def _passed_keys() -> list[str]:

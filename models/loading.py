@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from specq.errors import ModelLoadError
+from specq.models.families import attention_implementation, why_unsupported
 
 if TYPE_CHECKING:
     import torch
@@ -69,11 +70,31 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         raise ModelLoadError(f"cannot load the tokenizer of {name_or_path!r} ({_reason(exc)})") from exc
 
 
+def load_config(name_or_path: str) -> Any:
+    """The model config of a Hugging Face id or local folder; ModelLoadError if it cannot be loaded."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name_or_path)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the model config of {name_or_path!r} ({_reason(exc)})") from exc
+
+
+def check_supported(name_or_path: str, config: Any) -> None:
+    """ModelLoadError, one line naming the family and why, unless specq decodes this model exactly."""
+    reason = why_unsupported(config)
+    if reason is not None:
+        raise ModelLoadError(f"the model {name_or_path!r}: {reason}")
+
+
 def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None) -> PreTrainedModel:
-    """A causal LM in eval mode on `device`, with SDPA attention; ModelLoadError if it cannot be loaded."""
+    """A causal LM in eval mode on `device`, with SDPA attention where its family supports it, else
+    eager; ModelLoadError if it cannot be loaded or its family is not supported (models/families.py)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    config = load_config(name_or_path)
+    check_supported(name_or_path, config)
     torch_dtype = resolve_dtype(dtype, device)
     logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
     # transformers' own per-tensor bar would interleave with specq's progress bar on stderr
@@ -82,7 +103,9 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None)
     try:
         # transformers 5 takes `dtype=`; `torch_dtype=` is deprecated there.
         # Any: mypy cannot follow the decorator transformers wraps `to` in.
-        model: Any = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, attn_implementation="sdpa")
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=torch_dtype, attn_implementation=attention_implementation(config)
+        )
         model = model.to(device)
     except Exception as exc:
         raise ModelLoadError(f"cannot load the model {name_or_path!r} ({_reason(exc)})") from exc
@@ -128,11 +151,15 @@ def check_same_vocab(
 def load_pair(target: str, draft: str | None = None, device: str = "cpu", dtype: str | None = None) -> ModelPair:
     """Load the target, the draft and the target's tokenizer; fail early if they do not fit together.
 
-    Tokenizers are compared before any weights are read, so a mismatched pair costs seconds, not minutes.
+    Configs (the family's support) and tokenizers are checked before any weights are read, so an
+    unsupported or mismatched pair costs seconds, not minutes.
     """
     tokenizer = load_tokenizer(target)
     if draft is not None:
         check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+    for name in (target, draft):
+        if name is not None:
+            check_supported(name, load_config(name))
     target_model = load_model(target, device, dtype)
     draft_model = load_model(draft, device, dtype) if draft is not None else None
     for name, model in ((target, target_model), (draft, draft_model)):
