@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from specq.errors import BadInputError, JobNotFoundError, ModelLoadError, ServiceUnavailableError, SpecqError
-from specq.limits import BATCH_SIZE, MAX_TOKENS, NUM_SPECULATIVE_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P, Limit
+from specq.limits import (
+    BATCH_SIZE,
+    MAX_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    SAMPLING_MODES,
+    SEED,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    Limit,
+)
 
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
@@ -49,6 +59,7 @@ GENERATION_PARAMS = (
     "draft",
     "num_speculative_tokens",
     "fixed_k",
+    "sampling",
     "max_tokens",
     "temperature",
     "top_p",
@@ -82,6 +93,12 @@ _OPTIONS = [
         "--fixed-k",
         is_flag=True,
         help="Always propose K draft tokens, instead of choosing k <= K from measured step times.",
+    ),
+    click.option(
+        "--sampling",
+        type=click.Choice(SAMPLING_MODES, case_sensitive=False),
+        help="exact: modified rejection sampling; reproducible: a seeded request's tokens are those the target "
+        "alone samples with that seed, whatever the batch, k or draft. [default: exact]",
     ),
     click.option(
         "--max-tokens",
@@ -154,6 +171,8 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         decoding["num_speculative_tokens"] = values["num_speculative_tokens"]
     if values["batch_size"] is not None:
         decoding["batch_size"] = values["batch_size"]
+    if values["sampling"] is not None:
+        decoding["sampling"] = values["sampling"].lower()
     try:
         config = DecodingConfig(**decoding)
     except ValueError as exc:
