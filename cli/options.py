@@ -31,7 +31,17 @@ from specq.errors import (
     ServiceUnavailableError,
     SpecqError,
 )
-from specq.limits import BATCH_SIZE, MAX_TOKENS, NUM_SPECULATIVE_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P, Limit
+from specq.limits import (
+    BATCH_SIZE,
+    MAX_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    SAMPLING_MODES,
+    SEED,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    Limit,
+)
 
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
@@ -57,6 +67,7 @@ GENERATION_PARAMS = (
     "draft",
     "num_speculative_tokens",
     "fixed_k",
+    "sampling",
     "max_tokens",
     "temperature",
     "top_p",
@@ -90,6 +101,12 @@ _OPTIONS = [
         "--fixed-k",
         is_flag=True,
         help="Always propose K draft tokens, instead of choosing k <= K from measured step times.",
+    ),
+    click.option(
+        "--sampling",
+        type=click.Choice(SAMPLING_MODES, case_sensitive=False),
+        help="exact: modified rejection sampling; reproducible: a seeded request's tokens are those the target "
+        "alone samples with that seed, whatever the batch, k or draft. [default: exact]",
     ),
     click.option(
         "--max-tokens",
@@ -162,6 +179,8 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         decoding["num_speculative_tokens"] = values["num_speculative_tokens"]
     if values["batch_size"] is not None:
         decoding["batch_size"] = values["batch_size"]
+    if values["sampling"] is not None:
+        decoding["sampling"] = values["sampling"].lower()
     try:
         config = DecodingConfig(**decoding)
     except ValueError as exc:

@@ -65,15 +65,18 @@ class BatchState:
     """Device tensors drive the models; host arrays mirror what sizes and endings need, so the step reads
     the device once."""
 
-    def __init__(self, num_layers: int, device: torch.device, proposer: RowState | None) -> None:
+    def __init__(
+        self, num_layers: int, device: torch.device, proposer: RowState | None, reproducible: bool = False
+    ) -> None:
         self.device = device
+        self.reproducible = reproducible  # sampling by the coupled race (decoding/sampling.py)
         self.proposer = proposer
         self.token_ids = torch.zeros(0, 0, dtype=torch.int64, device=device)  # [rows, capacity], left-aligned
         self.seq_lens = torch.zeros(0, dtype=torch.int64, device=device)  # [rows]
         # [rows] 1 for a live row, 0 for a finished row that waits to be reused or dropped
         self.active = torch.zeros(0, dtype=torch.int64, device=device)
         self.target_cache = RaggedKVCache(num_layers, 0, 0)
-        self.sampling = SamplingTensors.build([], [], [], [], device)
+        self.sampling = SamplingTensors.build([], [], [], [], device, reproducible=reproducible)
         self.slots: list[Slot | None] = []
         # host mirrors, [rows] int64
         self.seq_h = np.zeros(0, np.int64)
@@ -197,4 +200,5 @@ class BatchState:
             [p.top_k if p else 0 for p in params],
             [slot.seed if slot else 0 for slot in self.slots],
             self.device,
+            reproducible=self.reproducible,
         )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
-from specq.limits import BATCH_SIZE, NUM_SPECULATIVE_TOKENS
+from specq.limits import BATCH_SIZE, NUM_SPECULATIVE_TOKENS, SAMPLING_MODES
+
+SamplingMode = Literal["exact", "reproducible"]  # specq.limits.SAMPLING_MODES
 
 
 @dataclass(frozen=True)
@@ -15,12 +17,17 @@ class DecodingConfig:
     batch_size: int = 8  # sequences decoded together; free slots are refilled from the waiting requests
     strict: bool = False  # costly invariant checks (probabilities sum to 1, shapes); tests switch it on
     probe_interval: int = 16  # adaptive k: every this many steps try a neighbouring k, to keep estimates fresh
+    # exact: modified rejection sampling (decoding/rejection.py); reproducible: the coupled exponential race
+    # (decoding/sampling.py), where a seeded request's tokens do not depend on the batch, k or the draft.
+    sampling: SamplingMode = "exact"
 
     def __post_init__(self) -> None:
         NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
         BATCH_SIZE.check("batch_size", self.batch_size)
         if self.probe_interval < 2:
             raise ValueError(f"probe_interval must be >= 2, got {self.probe_interval}")
+        if self.sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {self.sampling!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from specq.decoding.hf_model import LAST_ONLY, RaggedLM
-from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, sample_from_probs
+from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
 
 if TYPE_CHECKING:
     from specq.decoding.batch import Admission, BatchState
@@ -76,8 +76,12 @@ class DraftModelProposer:
                 token_ids.append(last_logits.argmax(dim=-1))  # [rows]
                 continue
             position_probs = logits_to_probs(last_logits.unsqueeze(1), sampling).squeeze(1)  # [rows, V]
-            uniforms = counter_uniforms(sampling.seeds, (batch.seq_lens + i).unsqueeze(1), Stream.DRAFT)  # [rows, 1]
-            token_ids.append(sample_from_probs(position_probs, uniforms.squeeze(1)))
+            positions = (batch.seq_lens + i).unsqueeze(1)  # [rows, 1]
+            if sampling.reproducible:  # the target's noise at this position: the coupling
+                token_ids.append(race_sample(position_probs.unsqueeze(1), sampling.seeds, positions).squeeze(1))
+            else:
+                uniforms = counter_uniforms(sampling.seeds, positions, Stream.DRAFT)  # [rows, 1]
+                token_ids.append(sample_from_probs(position_probs, uniforms.squeeze(1)))
             probs.append(position_probs)
         # The last draft token is never fed: the cache now holds the sequence and draft tokens 0..k-2.
         self.draft_lens = batch.seq_lens + (k - 1)

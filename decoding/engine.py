@@ -10,7 +10,8 @@ One step, for every sequence (row) of the batch at once:
     accept    modified rejection sampling per row (decoding/rejection.py): a row's *output* is its
               *accepted* draft tokens plus one *recovered* token (sampled from the residual at the
               first rejection) or *bonus* token (all k accepted); at temperature 0, the target's own
-              greedy tokens;
+              greedy tokens; with reproducible sampling, the target's race winners, the draft
+              tokens being accepted while they are those winners (decoding/sampling.py);
     advance   each row gains its own number of tokens; the target cache and the proposer roll back per
               row (decoding/kv_cache.py), so no row waits for the slowest one;
     finish    the host reads the step's few numbers once and ends rows on EOS, max_tokens or a stop
@@ -47,7 +48,7 @@ from specq.decoding.hf_model import LAST_ONLY, CausalLM, RaggedLM, Tokenizer, de
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.proposer import Proposer
 from specq.decoding.rejection import greedy_accept, rejection_sample
-from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, sample_from_probs
+from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
 
@@ -141,7 +142,9 @@ class SpeculativeEngine:
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         started = time.perf_counter()
         waiting = iter(requests)
-        batch = BatchState(self.target_lm.num_layers, self.device, self.proposer)
+        batch = BatchState(
+            self.target_lm.num_layers, self.device, self.proposer, self.config.sampling == "reproducible"
+        )
         exhausted = False
         try:
             with torch.inference_mode():
@@ -327,9 +330,17 @@ class SpeculativeEngine:
         width = target_logits.shape[1]
         positions = batch.seq_lens.unsqueeze(1) + batch.arange(width)  # [rows, k + 1]
         target_probs = logits_to_probs(target_logits, sampling)  # [rows, k + 1, V]
-        target_uniforms = counter_uniforms(sampling.seeds, positions, Stream.TARGET)  # [rows, k + 1]
         if self.config.strict:
             _check_probs(target_probs)
+        if sampling.reproducible:
+            # every output token is the target's race winner at its position; a draft token is accepted
+            # iff it is that winner (the draft raced with the same noise), as greedy acceptance does
+            target_winners = race_sample(target_probs, sampling.seeds, positions)  # [rows, k + 1]
+            if draft_token_ids is None:
+                return target_winners, None
+            assert num_draft is not None
+            return greedy_accept(draft_token_ids, target_winners, num_draft)
+        target_uniforms = counter_uniforms(sampling.seeds, positions, Stream.TARGET)  # [rows, k + 1]
         if draft_token_ids is None:
             return sample_from_probs(target_probs, target_uniforms), None
         assert draft_probs is not None and num_draft is not None

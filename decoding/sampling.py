@@ -10,6 +10,15 @@ reused for the position's final decision, which is sound because nothing kept de
 Tokens are sampled by inverse CDF (one uniform per token: `searchsorted` over the cumulative
 probabilities), which needs no `torch.multinomial` (a host sync on CUDA) and no vocabulary-sized
 noise; tokens of probability zero are never chosen.
+
+Reproducible sampling (`DecodingConfig.sampling == "reproducible"`) samples instead with the
+exponential race, argmax_v probs[v] / E_v with E_v ~ Exp(1) (the Gumbel-max trick), where E_v is a
+hash of (request seed, position, token id): a pure function of where the token would go and which
+token it is, never of the draw order. The draft races on its own probabilities with the same noise,
+so the two are coupled (drafter-invariant speculative decoding: Daliri, Musco and Suresh 2024, "Coupling without
+Communication and Drafter-Invariant Speculative Decoding"): a draft token is accepted iff it is the
+target's race winner, and every emitted token is the target's race winner, so a seeded request
+decodes to the same tokens whatever the batch, the k schedule or the draft.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ class Stream(IntEnum):
     DRAFT = 1  # sampling a draft token
     ACCEPT = 2  # the acceptance test of a draft token
     TARGET = 3  # sampling a recovered, bonus or plain (non-speculative) token
+    RACE = 4  # the per-token noise of reproducible sampling (draft and target share it)
 
 
 def _mul32(x: torch.Tensor, factor: int) -> torch.Tensor:
@@ -58,11 +68,46 @@ def bits_to_uniforms(bits: torch.Tensor) -> torch.Tensor:
     return ((bits >> (32 - UNIFORM_BITS)).to(torch.float32) + 0.5) * (1.0 / (1 << UNIFORM_BITS))
 
 
+def _seed_keys(seeds: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """[rows] int64 seeds -> [rows] 32-bit keys, one independent key per (seed, stream)."""
+    return _mix32((seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ _mix32(torch.full_like(seeds, stream))))
+
+
 def counter_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: Stream) -> torch.Tensor:
     """Uniforms in (0, 1), one per (row, position): `seeds` [rows] int64, `positions` [rows, T] int64."""
-    key = _mix32((seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ _mix32(torch.full_like(seeds, stream))))
+    key = _seed_keys(seeds, stream)  # [rows]
     bits = _mix32(_mix32(key[:, None] ^ (positions & _MASK32)) ^ 0x5BD1E995)  # [rows, T]
     return bits_to_uniforms(bits)
+
+
+def race_exponentials(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [rows, T, vocab] float32, one per (seed, position, token id): `seeds` [rows] int64,
+    `positions` [rows, T] int64. Strictly positive and finite (from uniforms strictly inside (0, 1)).
+
+    Two hash rounds per element: one keyed by (seed, position) on the token id, then one more keyed by an
+    independent (seed, position) hash, so two positions whose keys differ in low bits still get unrelated
+    noise rather than the same numbers over permuted token ids."""
+    key = _seed_keys(seeds, Stream.RACE)  # [rows]
+    at = _mix32(key[:, None] ^ (positions & _MASK32))  # [rows, T]
+    salt = _mix32(at ^ 0x5BD1E995)  # [rows, T]
+    token_ids = torch.arange(vocab, device=seeds.device)  # [V]
+    bits = _mix32(_mix32(at[:, :, None] ^ token_ids) ^ salt[:, :, None])  # [rows, T, V]
+    return -torch.log(bits_to_uniforms(bits))
+
+
+def race(probs: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """The exponential race: argmax over the last axis of probs / exponentials, both [..., V] -> [...].
+
+    P(winner = v) = probs[v] / sum(probs) exactly; a token of probability 0 never wins (0 / E = 0 while
+    some positive weight scores above 0). Greedy rows (one-hot probs) win their argmax."""
+    return (probs / exponentials).argmax(dim=-1)
+
+
+def race_sample(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Reproducible sampling: the race winner of `probs` [rows, T, V] at `positions` [rows, T] under the
+    noise of `seeds` [rows] -> [rows, T] int64. The same (seed, position) always draws the same noise, so
+    a draft and the target racing at one position are coupled."""
+    return race(probs, race_exponentials(seeds, positions, probs.shape[-1]))
 
 
 @dataclass(frozen=True)
@@ -77,6 +122,7 @@ class SamplingTensors:
     all_greedy: bool
     any_greedy: bool
     any_truncation: bool  # some sampled row uses top-p or top-k
+    reproducible: bool = False  # sample with the exponential race (`race_sample`), not by inverse CDF
 
     @classmethod
     def build(
@@ -86,6 +132,7 @@ class SamplingTensors:
         top_k: list[int],
         seeds: list[int],
         device: torch.device,
+        reproducible: bool = False,
     ) -> SamplingTensors:
         greedy = [t == 0.0 for t in temperature]
         return cls(
@@ -101,6 +148,7 @@ class SamplingTensors:
             all_greedy=all(greedy),
             any_greedy=any(greedy),
             any_truncation=any(not g and (p < 1.0 or k > 0) for g, p, k in zip(greedy, top_p, top_k, strict=True)),
+            reproducible=reproducible,
         )
 
 

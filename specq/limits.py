@@ -53,5 +53,7 @@ SEED = Limit(0, 2**63 - 1, description="a signed 64-bit integer")
 MAX_STOP_STRINGS = 4  # as in the OpenAI API
 NUM_SPECULATIVE_TOKENS = Limit(0, 32, description="K, the most draft tokens a step may propose; 0: no draft")
 BATCH_SIZE = Limit(1, 65_536, description="sequences decoded together; a sanity bound far past any device's memory")
+# exact: modified rejection sampling; reproducible: the coupled exponential race (decoding/sampling.py)
+SAMPLING_MODES = ("exact", "reproducible")
 # `specq bench` compares speculation with target-only decoding: it needs K >= 1
 BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")
