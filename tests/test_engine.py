@@ -102,6 +102,31 @@ def test_batched_equals_one_by_one_when_sampling(target, any_draft, prompts):
         assert alone[request.key].token_ids == batched[request.key].token_ids
 
 
+# seeds from the issue that found uniforms of exactly 1.0: with them a greedy row next to a sampled one,
+# and a top_k = 1 row, once emitted the last vocabulary id instead of the argmax
+_SEEDS_THAT_ONCE_BROKE_GREEDY = (10726119, 21166042)
+
+
+@pytest.mark.parametrize("sampling", ["exact", "reproducible"])
+def test_greedy_and_top_k_1_rows_stay_greedy_next_to_sampled_rows(target, any_draft, prompts, sampling):
+    """A mixed batch sends greedy rows through the sampler as one-hot distributions: whatever the seeds
+    and the sampled neighbours, they must be the target's own greedy tokens, as must top_k = 1 rows."""
+    seeds = [*_SEEDS_THAT_ONCE_BROKE_GREEDY, *range(len(prompts))]
+    requests = []
+    for i, prompt in enumerate(prompts):
+        seed = seeds[i]
+        requests.append(
+            GenerationRequest(3 * i, tuple(prompt), SamplingParams(max_tokens=16, temperature=0.0, seed=seed))
+        )
+        requests.append(GenerationRequest(3 * i + 1, tuple(prompt), SamplingParams(max_tokens=16, top_k=1, seed=seed)))
+        requests.append(GenerationRequest(3 * i + 2, tuple(prompt), SamplingParams(max_tokens=16, seed=seed)))
+    results, _ = _run(target, any_draft, requests, num_speculative_tokens=3, batch_size=9, sampling=sampling)
+    for i, prompt in enumerate(prompts):
+        expected = reference_greedy(target, prompt, 16)
+        assert results[3 * i].token_ids == expected, f"greedy row {i}"
+        assert results[3 * i + 1].token_ids == expected, f"top_k = 1 row {i}"
+
+
 def test_per_sequence_endings_in_one_batch(target, any_draft, prompts):
     """EOS, max_tokens and stop strings end rows independently inside one batch."""
     eos_prompt = prompts[2]

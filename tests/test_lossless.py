@@ -7,6 +7,8 @@ rejecting two deliberately wrong samplers.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -16,6 +18,7 @@ from specq.decoding import engine as decoding_engine
 from specq.decoding.config import SamplingMode
 from specq.decoding.rejection import rejection_sample
 from specq.decoding.sampling import sample_from_probs
+from tests.test_sampling import truncated_reference
 from tests.tiny_models import IdTokenizer, RepeatLastToken, tiny_llama, with_proposer
 
 VOCAB, SAMPLES, PROMPT = 8, 12_000, (2, 5, 3)
@@ -37,22 +40,31 @@ def models():
     return lossless_pair()
 
 
-def _exact_joint(target, temperature: float) -> torch.Tensor:
-    """P(t1, t2 | PROMPT) under the target at this temperature: [V, V]."""
+def _exact_joint(target, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """P(t1, t2 | PROMPT) under the target at these settings: [V, V]. The top-k / top-p cut is the
+    reference of tests/test_sampling.py, not specq's own."""
+
+    def probs(logits: torch.Tensor) -> torch.Tensor:  # [V]
+        return truncated_reference(logits / temperature, top_p, top_k)
+
     with torch.no_grad():
-        first = (target(torch.tensor([PROMPT])).logits[0, -1] / temperature).softmax(-1)  # [V]
+        first = probs(target(torch.tensor([PROMPT])).logits[0, -1])  # [V]
         follow = torch.tensor([[*PROMPT, t] for t in range(target.config.vocab_size)])
-        second = (target(follow).logits[:, -1] / temperature).softmax(-1)  # [V, V]
+        second = torch.stack([probs(row) for row in target(follow).logits[:, -1]])  # [V, V]
     return first[:, None] * second
 
 
 def _sampled_joint(
-    target, draft, temperature: float, point_mass: bool = False, sampling: SamplingMode = "exact"
+    target,
+    draft,
+    temperature: float,
+    point_mass: bool = False,
+    sampling: SamplingMode = "exact",
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
-    requests = [
-        GenerationRequest(i, PROMPT, SamplingParams(max_tokens=3, temperature=temperature, seed=i))
-        for i in range(SAMPLES)
-    ]
+    params = SamplingParams(max_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p)
+    requests = [GenerationRequest(i, PROMPT, replace(params, seed=i)) for i in range(SAMPLES)]
     # EOS off: the tiny vocabulary must not end sequences early
     engine = SpeculativeEngine(
         target,
@@ -86,10 +98,17 @@ def _pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return chisquare(observed.numpy(), expected.numpy()).pvalue
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.8])
-def test_first_two_tokens_follow_the_target(models, temperature):
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.8, 0, 1.0), (1.0, 3, 1.0), (0.8, 0, 0.7), (1.2, 5, 0.9)]
+)
+def test_first_two_tokens_follow_the_target(models, temperature, top_k, top_p):
     target, draft = models
-    assert _pvalue(_sampled_joint(target, draft, temperature), _exact_joint(target, temperature)) > 1e-3
+    exact = _exact_joint(target, temperature, top_k, top_p)
+    if top_k or top_p < 1.0:
+        assert (exact == 0).any()  # the cut removes tokens the target would otherwise emit
+    sampled = _sampled_joint(target, draft, temperature, top_k=top_k, top_p=top_p)
+    assert sampled[exact == 0].sum() == 0  # the chi-square pools these cells: check them exactly
+    assert _pvalue(sampled, exact) > 1e-3
 
 
 def _keeps_rejected_drafts(draft_token_ids, draft_probs, target_probs, u_accept, u_target, num_draft):

@@ -86,6 +86,60 @@ def test_draft_token_of_draft_probability_zero_the_target_allows_is_accepted():
     assert accepted.item() == 1 and out[0, :2].tolist() == [2, 0]
 
 
+def test_greedy_rows_give_the_argmax_next_to_sampled_rows_whatever_the_uniforms():
+    # In a mixed batch a greedy row goes through the sampler with one-hot target probabilities (vLLM's
+    # and transformers' greedy-in-mixed-batch checks): it must come out as the argmax for any uniform,
+    # the extremes included, whatever its draft proposed and whatever its neighbours do.
+    generator = torch.Generator().manual_seed(3)
+    rows, k, vocab = 64, 3, 10
+    target_probs = torch.distributions.Dirichlet(torch.ones(vocab)).sample((rows, k + 1))  # [rows, k + 1, V]
+    greedy = torch.arange(rows) % 2 == 0
+    argmax = target_probs.argmax(-1)  # [rows, k + 1]
+    one_hot = torch.nn.functional.one_hot(argmax, vocab).float()
+    target_probs = torch.where(greedy.view(rows, 1, 1), one_hot, target_probs)
+    draft_probs = torch.distributions.Dirichlet(torch.ones(vocab)).sample((rows, k))  # [rows, k, V]
+    draft_token_ids = torch.randint(0, vocab, (rows, k), generator=generator)
+    draft_token_ids[::4] = argmax[::4, :k]  # some greedy rows drafted the argmax, some did not
+    extremes = torch.tensor([2.0**-24, 0.5, 1 - 2.0**-24])
+    for u in extremes:
+        out, accepted = rejection_sample(
+            draft_token_ids,
+            draft_probs,
+            target_probs,
+            torch.full((rows, k), float(u)),
+            torch.full((rows, k + 1), float(u)),
+            torch.full((rows,), k),
+        )
+        for row in greedy.nonzero().flatten().tolist():
+            n = accepted[row].item()
+            assert out[row, : n + 1].tolist() == argmax[row, : n + 1].tolist(), (row, u)
+
+
+def test_rows_with_different_draft_counts_decode_as_they_would_alone():
+    # vLLM's ragged spec-token lists: one batch mixes rows that proposed 0, 1, ..., k tokens
+    generator = torch.Generator().manual_seed(4)
+    rows, k, vocab = 40, 4, 7
+    draft_probs = torch.distributions.Dirichlet(torch.ones(vocab)).sample((rows, k))
+    target_probs = torch.distributions.Dirichlet(torch.ones(vocab)).sample((rows, k + 1))
+    draft_token_ids = sample_from_probs(draft_probs, torch.rand(rows, k, generator=generator))
+    u_accept, u_target = torch.rand(rows, k, generator=generator), torch.rand(rows, k + 1, generator=generator)
+    num_draft = torch.arange(rows) % (k + 1)
+    out, accepted = rejection_sample(draft_token_ids, draft_probs, target_probs, u_accept, u_target, num_draft)
+    assert (accepted <= num_draft).all()
+    for row in range(rows):
+        n = int(num_draft[row])
+        alone, alone_accepted = rejection_sample(
+            draft_token_ids[row : row + 1, :n],
+            draft_probs[row : row + 1, :n],
+            target_probs[row : row + 1, : n + 1],
+            u_accept[row : row + 1, :n],
+            u_target[row : row + 1, : n + 1],
+            torch.tensor([n]),
+        )
+        assert accepted[row] == alone_accepted[0], row
+        assert out[row, : accepted[row] + 1].tolist() == alone[0, : alone_accepted[0] + 1].tolist(), row
+
+
 def test_sample_from_probs_never_picks_zero_probability_tokens():
     weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0]]).expand(1000, 5)
     uniforms = torch.linspace(1e-7, 1 - 1e-7, 1000)
@@ -158,6 +212,46 @@ def _recovers_from_the_target(draft_token_ids, draft_probs, target_probs, u_acce
     at = accepted[rejected]
     out[rows[rejected], at] = sample_from_probs(target_probs[rows[rejected], at], u_target[rows[rejected], at])
     return out, accepted
+
+
+def _first_token_pvalue_with_ragged_drafts(case, sampler):
+    """Rows proposing 0..K tokens in one batch: each group's first output token must follow target[0]."""
+    draft, target = case
+    generator = torch.Generator().manual_seed(3)
+    draft_probs = draft.expand(ROWS, K, VOCAB).contiguous()
+    target_probs = target.expand(ROWS, K + 1, VOCAB).contiguous()
+    draft_token_ids = sample_from_probs(draft_probs, torch.rand(ROWS, K, generator=generator))
+    num_draft = torch.arange(ROWS) % (K + 1)
+    out, _ = sampler(
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        torch.rand(ROWS, K, generator=generator),
+        torch.rand(ROWS, K + 1, generator=generator),
+        num_draft,
+    )
+    return min(
+        _pvalue(torch.bincount(out[num_draft == n, 0], minlength=VOCAB).double(), target[0]) for n in range(K + 1)
+    )
+
+
+def _bonus_from_the_residual(draft_token_ids, draft_probs, target_probs, u_accept, u_target, num_draft):
+    """Wrong: a row that proposed fewer than k tokens and kept them all samples its bonus from the residual
+    against the draft's padding, as if it had proposed a token there."""
+    out, accepted = rejection_sample(draft_token_ids, draft_probs, target_probs, u_accept, u_target, num_draft)
+    rows = ((accepted == num_draft) & (num_draft < draft_token_ids.shape[1])).nonzero().flatten()
+    at = accepted[rows]
+    residual = (target_probs[rows, at] - draft_probs[rows, at]).clamp_min(0.0)
+    out[rows, at] = sample_from_probs(residual, u_target[rows, at])
+    return out, accepted
+
+
+def test_rows_proposing_different_counts_all_follow_the_target(case):
+    assert _first_token_pvalue_with_ragged_drafts(case, rejection_sample) > 1e-3 / (K + 1)
+
+
+def test_the_ragged_test_rejects_a_sampler_that_mistakes_padding_for_drafts(case):
+    assert _first_token_pvalue_with_ragged_drafts(case, _bonus_from_the_residual) < 1e-6
 
 
 def test_output_follows_the_target_distribution(case):

@@ -50,11 +50,11 @@ def test_top_k_and_top_p_match_a_reference():
     probs = logits_to_probs(logits, _sampling([1.0] * 4, top_p, top_k))
     for row in range(4):
         for t in range(3):
-            expected = _reference(logits[row, t], top_p[row], top_k[row])
+            expected = truncated_reference(logits[row, t], top_p[row], top_k[row])
             assert torch.allclose(probs[row, t], expected, atol=1e-6), (row, t)
 
 
-def _reference(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+def truncated_reference(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     order = logits.argsort(descending=True).tolist()
     keep = order[:top_k] if top_k else order
     probs = logits[keep].softmax(-1).tolist()
