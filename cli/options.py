@@ -106,7 +106,7 @@ _OPTIONS = [
         "--sampling",
         type=click.Choice(SAMPLING_MODES, case_sensitive=False),
         help="exact: modified rejection sampling; reproducible: a seeded request's tokens are those the target "
-        "alone samples with that seed, whatever the batch, k or draft. [default: exact]",
+        "alone samples with that seed, whatever the batch, k or draft. [default: reproducible]",
     ),
     click.option(
         "--max-tokens",

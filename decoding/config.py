@@ -19,7 +19,9 @@ class DecodingConfig:
     probe_interval: int = 16  # adaptive k: every this many steps try a neighbouring k, to keep estimates fresh
     # exact: modified rejection sampling (decoding/rejection.py); reproducible: the coupled exponential race
     # (decoding/sampling.py), where a seeded request's tokens do not depend on the batch, k or the draft.
-    sampling: SamplingMode = "exact"
+    # The default: it costs 2-3 points of acceptance and no measurable tokens/s on the demo pair
+    # (docs/benchmarks.md), and a batch system's retries and audits need a seed to mean one output.
+    sampling: SamplingMode = "reproducible"
 
     def __post_init__(self) -> None:
         NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
