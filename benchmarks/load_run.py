@@ -520,52 +520,57 @@ def redis_drill(
 
     from specq.queue import CHUNK_QUEUE_KEY
 
-    say("drill: Redis restarted mid-job")
-    job_id, at = start_job()
-    began = time.monotonic()
-    down_s = restart_redis()
     client = redis.Redis.from_url(services.redis_url)
 
-    def moving_again() -> bool:
-        try:
-            return client.llen(CHUNK_QUEUE_KEY) > 0 or progress(env, job_id)[0] == "completed"
-        except redis.RedisError:
-            return False
+    def moving_again(job_id: str) -> Callable[[], bool]:
+        def check() -> bool:
+            try:
+                return client.llen(CHUNK_QUEUE_KEY) > 0 or progress(env, job_id)[0] == "completed"
+            except redis.RedisError:
+                return False
 
-    recovered = seconds_until(moving_again, args.timeout, "re-enqueued chunks")
-    wait_done(env, job_id, args.timeout)
-    results.append(
-        Drill(
-            "Redis restarted mid-job (every message lost)",
-            at,
-            recovered,
-            f"Redis down {down_s:.1f} s; lost chunks back on the queue {recovered:.1f} s after it returned",
-            time.monotonic() - began,
-            counts(services.db_url, job_id),
-        )
-    )
+        return check
+
+    title = "Redis restarted mid-job (every message lost)"
+    sign = "lost chunks back on the queue"
+    restart_drill(args, services, env, start_job, results, "Redis", restart_redis, moving_again, sign, title)
 
 
 def postgres_drill(
     args: argparse.Namespace, services: Services, env: dict[str, str], start_job: Any, results: list[Drill]
 ) -> None:
-    say("drill: PostgreSQL restarted mid-job")
+    def new_results(job_id: str) -> Callable[[], bool]:
+        before = progress(env, job_id)[1]
+        return lambda: progress(env, job_id)[1] > before or progress(env, job_id)[0] == "completed"
+
+    restart_drill(args, services, env, start_job, results, "PostgreSQL", restart_postgres, new_results, "new results")
+
+
+def restart_drill(
+    args: argparse.Namespace,
+    services: Services,
+    env: dict[str, str],
+    start_job: Any,
+    results: list[Drill],
+    service: str,
+    restart: Callable[[], float],
+    recovered_when: Callable[[str], Callable[[], bool]],
+    sign: str,
+    title: str | None = None,
+) -> None:
+    """Restart `service` mid-job; time until `recovered_when(job_id)` holds (`sign` says what it sees)."""
+    say(f"drill: {service} restarted mid-job")
     job_id, at = start_job()
     began = time.monotonic()
-    down_s = restart_postgres()
-    before = progress(env, job_id)[1]
-    recovered = seconds_until(
-        lambda: progress(env, job_id)[1] > before or progress(env, job_id)[0] == "completed",
-        args.timeout,
-        "new results",
-    )
+    down_s = restart()
+    recovered = seconds_until(recovered_when(job_id), args.timeout, sign)
     wait_done(env, job_id, args.timeout)
     results.append(
         Drill(
-            "PostgreSQL restarted mid-job",
+            title or f"{service} restarted mid-job",
             at,
             recovered,
-            f"PostgreSQL down {down_s:.1f} s; new results {recovered:.1f} s after it returned",
+            f"{service} down {down_s:.1f} s; {sign} {recovered:.1f} s after it returned",
             time.monotonic() - began,
             counts(services.db_url, job_id),
         )
