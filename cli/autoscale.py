@@ -60,6 +60,27 @@ from specq.cli.options import broker_option, database_option, specq_errors
     type=click.Path(file_okay=False, path_type=Path),
     help="Write each worker's log to its own file here. [default: this command's stderr]",
 )
+@click.option(
+    "--give-up-after",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Failed worker starts in a row (exit 3 or 4, or within seconds) after which a device gets no "
+    "more workers, until this command restarts.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=9100,
+    show_default=True,
+    help="Worker i of the fleet serves Prometheus metrics on this port + i, i < --max (0: none).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the workers' metrics pages listen on; 0.0.0.0 in a container.",
+)
 @database_option
 @broker_option
 @click.pass_context
@@ -73,6 +94,9 @@ def autoscale(
     backlog_per_worker: int,
     grace: float,
     log_dir: Path | None,
+    give_up_after: int,
+    metrics_port: int,
+    metrics_host: str,
     database_url: str | None,
     broker_url: str | None,
 ) -> None:
@@ -99,6 +123,9 @@ def autoscale(
             cooldown_s=cooldown,
             interval_s=interval,
             grace_s=grace,
+            give_up_after=give_up_after,
+            metrics_port=metrics_port or None,
+            metrics_host=metrics_host,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -30,6 +30,7 @@ from specq.errors import (
     OutputPathError,
     ServiceUnavailableError,
     SpecqError,
+    WorkerUnusableError,
 )
 from specq.limits import (
     BATCH_SIZE,
@@ -268,6 +269,14 @@ class UsageLine(click.ClickException):
     exit_code = 2
 
 
+class WorkerExit(click.ClickException):
+    """A worker that cannot serve: its one line, and the exit code that tells the autoscaler why."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]
+
+
 @contextmanager
 def specq_errors() -> Iterator[None]:
     """Turn domain errors into click's: bad input and unloadable models exit 2, services down exit 1,
@@ -280,6 +289,8 @@ def specq_errors() -> Iterator[None]:
         raise UsageLine(str(exc)) from None
     except (ModelLoadError, JobNotFoundError) as exc:
         raise click.UsageError(str(exc)) from None
+    except WorkerUnusableError as exc:
+        raise WorkerExit(str(exc), exc.exit_code) from None
     except ServiceUnavailableError as exc:
         raise click.ClickException(str(exc)) from None
     except SpecqError as exc:

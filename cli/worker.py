@@ -9,12 +9,28 @@ import click
 from specq.cli.group import cli
 from specq.cli.options import broker_option, database_option, specq_errors
 
+DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both sets --metrics-port
+
 
 @cli.command("worker")
 @click.option(
     "--device", help="Torch device this worker is bound to, e.g. cuda:0 or cpu. [default: cuda:0 if available]"
 )
-@click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_METRICS_PORT,
+    show_default=True,
+    envvar="SPECQ_METRICS_PORT",
+    help="Serve Prometheus metrics on this port (0: none). A port already taken is logged and skipped.",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="SPECQ_METRICS_HOST",
+    help="Address the metrics page listens on; 0.0.0.0 in a container, for Prometheus to reach it.",
+)
 @click.option(
     "--models-cached", type=click.IntRange(min=1), default=1, show_default=True, help="Model pairs kept loaded."
 )
@@ -24,13 +40,17 @@ from specq.cli.options import broker_option, database_option, specq_errors
 def worker(
     ctx: click.Context,
     device: str | None,
-    metrics_port: int | None,
+    metrics_port: int,
+    metrics_host: str,
     models_cached: int,
     database_url: str | None,
     broker_url: str | None,
 ) -> None:
     """Run one Celery worker bound to one device until SIGTERM (the batch in hand finishes first; the
-    rest of its chunk goes back to the queue)."""
+    rest of its chunk goes back to the queue).
+
+    Exits 3 at once when the device is unusable here, and 4 when a job's models do not load here (its
+    chunk goes back to the queue first): a misconfigured worker never fails a request."""
     from specq.jobs.services import broker_url as resolve_broker
 
     broker = resolve_broker(broker_url)
@@ -44,7 +64,8 @@ def worker(
             device=device,
             database_url=database_url,
             broker=broker,
-            metrics_port=metrics_port,
+            metrics_port=metrics_port or None,
+            metrics_host=metrics_host,
             models_cached=models_cached,
             loglevel="DEBUG" if verbose >= 2 else "INFO",
         )

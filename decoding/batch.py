@@ -49,6 +49,7 @@ class Slot:
     seed: int
     started: float
     stops: StopChecker | None
+    first_token_at: float | None = None  # perf_counter() when its first output token was kept
 
 
 @dataclass

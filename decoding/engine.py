@@ -413,6 +413,11 @@ class SpeculativeEngine:
         """Book the step's tokens and counters for rows `live`; yield the results of those that ended."""
         kept, finish, accepted, drafted = report.kept, report.finish, report.accepted, report.drafted
         batch.generated_h += kept  # finished rows keep 0
+        now = time.perf_counter()
+        for row in live[(batch.generated_h[live] == kept[live]) & (kept[live] > 0)]:  # their first tokens
+            first = batch.slots[row]
+            assert first is not None
+            first.first_token_at = now
         if k:
             accepted, drafted = accepted[live], drafted[live]
             batch.draft_tokens_h[live] += drafted
@@ -439,7 +444,6 @@ class SpeculativeEngine:
             return
         rows = sorted(finished)
         sequences = batch.token_ids[torch.tensor(rows, device=self.device)].cpu().numpy()  # [ended, capacity]
-        now = time.perf_counter()
         for row, sequence in zip(rows, sequences, strict=True):
             slot = batch.slots[row]
             assert slot is not None
@@ -459,6 +463,7 @@ class SpeculativeEngine:
                 accepted_tokens=int(batch.accepted_h[row]),
                 seed=slot.seed,
                 latency_s=now - slot.started,
+                first_token_s=None if slot.first_token_at is None else slot.first_token_at - slot.started,
             )
         batch.release(rows)
 

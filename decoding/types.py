@@ -57,6 +57,7 @@ class GenerationResult:
     accepted_tokens: int = 0  # of those, kept by the target
     seed: int | None = None
     latency_s: float = 0.0
+    first_token_s: float | None = None  # from admission to the first output token (None: no token)
     error: str | None = None
 
     @classmethod

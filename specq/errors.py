@@ -35,3 +35,12 @@ class SchemaError(SpecqError):
 
 class JobNotFoundError(SpecqError):
     """No job has the given id."""
+
+
+class WorkerUnusableError(SpecqError):
+    """This worker cannot serve (its device is unusable, or a model does not load on it): it exits with
+    `exit_code` before (or instead of) failing any request, and its work goes to other workers."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)

@@ -151,9 +151,12 @@ def celery_config(queue: QueueSettings | None = None) -> dict[str, Any]:
             "socket_connect_timeout": 5,
         },
         "worker_hijack_root_logger": False,
-        "worker_send_task_events": False,
-        "task_send_sent_event": False,
-        "worker_enable_remote_control": False,  # no pidbox fan-out keys: workers are listed from the database
+        # Celery's own tools see the fleet: `celery inspect ping|active|stats` (remote control) and Flower
+        # (task events, with the sent event so a queued chunk shows before a worker takes it); all JSON
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_enable_remote_control": True,
+        "event_serializer": "json",
     }
 
 

@@ -93,8 +93,7 @@ class SpecqWorker:
 
     def __init__(self, env, log_path, device="cpu", metrics_port=None):
         args = [sys.executable, "-c", "from specq.cli.main import main; main()", "worker", "--device", device]
-        if metrics_port is not None:
-            args += ["--metrics-port", str(metrics_port)]
+        args += ["--metrics-port", str(metrics_port or 0)]  # 0: none, so parallel test workers never collide
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -95,7 +95,10 @@ def test_round_robin_placement_and_graceful_stop() -> None:
     try:
         started = [sup.start() for _ in range(3)]
         assert [w.device for w in started] == ["cuda:0", "cuda:1", "cuda:0"]
-        assert started[0].process.args[-2:] == ["--device", "cuda:0"]  # type: ignore[index]
+        args: list[str] = started[0].process.args  # type: ignore[assignment]
+        assert args[args.index("--device") + 1] == "cuda:0"
+        # metrics ports: one per running slot, from the base port
+        assert [w.process.args[-3] for w in started] == ["9100", "9101", "9102"]  # type: ignore[index]
         sup.stop(started[1])  # cuda:1 is now empty: the next worker goes there
         assert sup.next_device() == "cuda:1"
         wait_for(lambda: started[1] in sup.reap(), 10, "the worker to exit on SIGTERM")
@@ -129,6 +132,28 @@ def test_quick_crashes_back_off() -> None:
         assert not sup.can_start()
         assert sup._start_after - now == pytest.approx(expected, abs=0.5)
         sup._start_after = 0.0  # skip the wait
+
+
+def test_a_device_whose_workers_fail_to_start_is_given_up(caplog) -> None:
+    """Exit 3 (device unusable) on cuda:1, three times in a row: cuda:1 is given up, said once, and the
+    next workers all go to cuda:0."""
+    script = (
+        "import sys, time\nif sys.argv[sys.argv.index('--device') + 1] == 'cuda:1': raise SystemExit(3)\n"
+        "while True: time.sleep(0.05)"
+    )
+    sup = supervisor((sys.executable, "-c", script, "worker"), give_up_after=3, max_backoff_s=0.0)
+    try:
+        assert sup.start().device == "cuda:0"
+        for _ in range(3):
+            failing = sup.start()
+            assert failing.device == "cuda:1"
+            failing.process.wait(10)
+            assert sup.reap() == [failing]
+        assert sup.given_up == {"cuda:1"} and sup.usable_devices() == ["cuda:0"]
+        assert [sup.start().device for _ in range(2)] == ["cuda:0", "cuda:0"]
+    finally:
+        sup.stop_all()
+    assert sum("giving up device cuda:1" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_workers_die_with_a_killed_supervisor(tmp_path) -> None:

@@ -47,7 +47,9 @@ from specq.worker.claims import (
     release_claimed,
 )
 from specq.worker.context import WorkerContext
+from specq.worker.metrics import served_model_name
 from specq.worker.results import end_batch, start_batch, store_results
+from specq.worker.startup import is_worker_side_load_failure
 
 if TYPE_CHECKING:
     from specq.models.loading import ModelPair
@@ -201,8 +203,10 @@ def _set_worker(ctx: WorkerContext, state: WorkerState, job_id: str | None, batc
 class _Writer:
     """Buffers results and writes them in small transactions; knows when the job was cancelled."""
 
-    def __init__(self, ctx: WorkerContext, job_id: str, model: str) -> None:
-        self.ctx, self.job_id, self.model = ctx, job_id, model
+    def __init__(self, ctx: WorkerContext, job: Job) -> None:
+        self.ctx, self.job_id = ctx, job.id
+        self.model = served_model_name(job.target, job.settings)  # the metrics' model_name
+        self.enqueued_at = job.enqueued_at or job.created_at
         self.buffer: list[GenerationResult] = []
         self.last_flush = time.monotonic()
         self.job_state: str = JobState.RUNNING
@@ -230,10 +234,8 @@ class _Writer:
                 return
             outcome = store_results(session, self.job_id, self.buffer, self.ctx.config.name)
         if self.ctx.metrics is not None:
-            failures = sum(r.error is not None for r in self.buffer)
-            labels = (self.model, self.ctx.config.device)
-            self.ctx.metrics.request_failure.labels(*labels).inc(failures)
-            self.ctx.metrics.request_success.labels(*labels).inc(len(self.buffer) - failures)
+            since_enqueue = (utcnow() - self.enqueued_at).total_seconds()
+            self.ctx.metrics.add_results(self.model, self.ctx.config.device, self.buffer, since_enqueue)
         self.written += len(self.buffer)
         self.job_state = outcome.job_state
         self.buffer.clear()
@@ -271,7 +273,7 @@ def _run_batch(
             feed.finished(result.key)
             writer.add(result, hold=not pending)
             if ctx.metrics is not None:
-                ctx.metrics.set_load(job.target, ctx.config.device, len(pending), config.batch_size)
+                ctx.metrics.set_load(writer.model, ctx.config.device, len(pending), config.batch_size)
             if writer.cancelled:
                 break
     except SQLAlchemyError:
@@ -291,8 +293,8 @@ def _run_batch(
             close()
         writer.flush(batch=(batch_id, engine.stats))
         if ctx.metrics is not None:
-            ctx.metrics.add_stats(job.target, ctx.config.device, engine.stats)
-            ctx.metrics.set_load(job.target, ctx.config.device, 0, config.batch_size)
+            ctx.metrics.add_stats(writer.model, ctx.config.device, engine.stats)
+            ctx.metrics.set_load(writer.model, ctx.config.device, 0, config.batch_size)
     return None
 
 
@@ -354,13 +356,20 @@ def _triage(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest]) -> _Tri
 
 def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unfinished:
     """Load the models, prepare the requests and run them group by group; every result goes to `writer`.
-    A model that cannot be loaded fails the requests; so does a request that cannot be prepared."""
+    Models that do not load because of this worker leave the requests unfinished (given back) and mark
+    the worker unusable; models that do not fit together fail the requests, as does a request that
+    cannot be prepared."""
     for result in triage.exhausted:
         writer.add(result)
     try:
         pair = ctx.models.get(job.target, job.draft, job.settings.get("dtype"), ctx.config.device)
-    except Exception as exc:  # ModelLoadError, or out of memory while loading: the requests fail
-        log.error("job %s: %s", job.id, exc)
+    except Exception as exc:  # ModelLoadError, or out of memory while loading
+        if ctx.config.broker is not None and is_worker_side_load_failure(exc):
+            # this worker's fault (disk, permissions, memory), not the job's: another worker may load
+            # them, so the requests go back to the queue and this worker stops taking work
+            ctx.shared.unusable = f"cannot load the models of job {job.id} on {ctx.config.device}: {exc}"
+            return _Unfinished({r.id for r in triage.runnable})
+        log.error("job %s: %s", job.id, exc)  # the job's fault (the pair does not fit): the requests fail
         for request in triage.runnable:
             writer.add(GenerationResult.failed(request.id, str(exc)))
         return _Unfinished()
@@ -405,14 +414,20 @@ def _give_back(ctx: WorkerContext, chunk: Chunk, request_ids: list[int], unstart
             "could not give back %d requests of job %s (%s); their leases will expire", len(request_ids), chunk[0], exc
         )
         return 0
-    log.info("stopping: gave %d requests of job %s back to the queue", released, chunk[0])
+    why = "cannot serve" if ctx.shared.unusable else "stopping"
+    log.info("%s: gave %d requests of job %s back to the queue", why, released, chunk[0])
     return released
 
 
 def _run_claimed(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest], chunk: Chunk) -> dict[str, int]:
     job_id, first, end = chunk
     log.info("job %s: claimed %d requests of chunk [%d, %d)", job_id, len(claimed), first, end)
-    writer = _Writer(ctx, job_id, job.target)
+    started = time.monotonic()
+    writer = _Writer(ctx, job)
+    if ctx.metrics is not None:
+        waited = (utcnow() - writer.enqueued_at).total_seconds()
+        for _ in claimed:
+            ctx.metrics.queue_time.labels(writer.model, ctx.config.device).observe(waited)
     try:
         unfinished = _run(ctx, job, _triage(ctx, job, claimed), writer)
     finally:
@@ -420,6 +435,8 @@ def _run_claimed(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest], ch
         _set_worker(ctx, WorkerState.IDLE, None, None)
     ctx.started.difference_update(c.id for c in claimed)  # stored, or cancelled or given back below
     settled = _settle(ctx, chunk, unfinished, writer.cancelled)
+    if ctx.metrics is not None:
+        ctx.metrics.chunk_duration.labels(writer.model, ctx.config.device).observe(time.monotonic() - started)
     return {"claimed": len(claimed), "written": writer.written, **settled}
 
 

@@ -42,6 +42,9 @@ class SharedState:
         # chunks a database error cut short -> their claims, which the heartbeat gives back (queued, chunk
         # enqueued again) as soon as the database answers, instead of leaving them to expire
         self.abandoned: dict[Chunk, frozenset[int]] = {}
+        # why this worker cannot serve (its models do not load here), set by the task thread: the chunk in
+        # hand was given back and the worker exits (`worker.startup.EXIT_MODEL_UNLOADABLE`)
+        self.unusable: str | None = None
         # taken while claiming and while giving abandoned claims back: the two never cross
         self.lock = threading.Lock()
 

@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -60,8 +61,9 @@ def unregister_worker(ctx: WorkerContext) -> None:
 
 
 class Heartbeat:
-    def __init__(self, ctx: WorkerContext, broker: str | None) -> None:
+    def __init__(self, ctx: WorkerContext, broker: str | None, alive_file: str | None = None) -> None:
         self.ctx, self.broker = ctx, broker  # broker None: no sweeping (nothing to enqueue on)
+        self.alive_file = Path(alive_file) if alive_file else None  # touched at each beat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specq-heartbeat", daemon=True)
         self._last_sweep = 0.0
@@ -77,7 +79,11 @@ class Heartbeat:
     def _loop(self) -> None:
         failing_since: float | None = None
         every = self.ctx.config.queue.heartbeat_s
+        self._touch_alive_file()
         while not self._stop.wait(every):
+            # the thread is alive, whether or not the database answers: an outage is waited out, not
+            # answered with restarts
+            self._touch_alive_file()
             try:
                 self.beat()
             except (SQLAlchemyError, SpecqError, OSError, RedisError) as exc:
@@ -93,6 +99,14 @@ class Heartbeat:
             if failing_since is not None:
                 log.warning("heartbeat back after %.1fs", time.monotonic() - failing_since)
                 failing_since = None
+
+    def _touch_alive_file(self) -> None:
+        if self.alive_file is None:
+            return
+        try:
+            self.alive_file.touch()
+        except OSError as exc:
+            log.debug("cannot touch %s: %s", self.alive_file, exc)
 
     def beat(self) -> None:
         ctx = self.ctx

@@ -13,9 +13,11 @@ takes one batch's time, not one chunk's.
 from __future__ import annotations
 
 import logging
+import os
 
 from specq.db.migrate import open_migrated
 from specq.db.session import mask_url
+from specq.errors import WorkerUnusableError
 from specq.jobs.services import check_broker
 from specq.models.loading import resolve_device
 from specq.queue import CHUNK_QUEUE, QueueSettings
@@ -23,6 +25,11 @@ from specq.worker.context import WorkerContext
 from specq.worker.heartbeat import Heartbeat, register_worker, unregister_worker
 from specq.worker.model_cache import ModelCache
 from specq.worker.runtime import set_context, worker_name
+from specq.worker.startup import EXIT_MODEL_UNLOADABLE, check_device
+
+# a file the heartbeat thread touches at each beat: Kubernetes' liveness probe checks its age, so a worker
+# whose heartbeat stopped (its leases then expire) is restarted
+ALIVE_FILE_ENV = "SPECQ_ALIVE_FILE"
 
 log = logging.getLogger(__name__)
 
@@ -33,29 +40,37 @@ def run_worker(
     database_url: str | None,
     broker: str,
     metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
     models_cached: int = 1,
     loglevel: str = "INFO",
 ) -> None:
-    """Serve chunk tasks until SIGTERM (warm shutdown: the batch in hand finishes, the rest goes back)."""
+    """Serve chunk tasks until SIGTERM (warm shutdown: the batch in hand finishes, the rest goes back).
+
+    Raises WorkerUnusableError before consuming anything when the device is unusable (exit 3), and after
+    giving its chunk back when a job's models do not load here (exit 4). `metrics_port` None: no metrics.
+    """
     from specq.masking import register_urls
 
     logging.getLogger().setLevel(loglevel)  # as Celery sets it once it runs: the start-up lines show too
     register_urls(database_url, broker)
+    resolved = resolve_device(device)
+    check_device(resolved)  # before anything is registered or consumed: a worker that cannot serve takes nothing
     db = open_migrated(database_url)
     check_broker(broker)
-    resolved = resolve_device(device)
+    queue = QueueSettings.from_env()
     metrics = None
     if metrics_port is not None:
+        from specq.worker.fleet_metrics import FleetCollector
         from specq.worker.metrics import WorkerMetrics
 
-        metrics = WorkerMetrics.create()
-        metrics.serve(metrics_port)
+        metrics = WorkerMetrics.create(fleet=FleetCollector(db, queue.live_after))
+        metrics.serve(metrics_port, metrics_host)
     ctx = WorkerContext(
         db=db,
         name=worker_name(resolved),
         device=resolved,
         models=ModelCache(models_cached),
-        queue=QueueSettings.from_env(),
+        queue=queue,
         metrics=metrics,
         registered=True,
         broker=broker,
@@ -68,7 +83,7 @@ def run_worker(
     from specq.worker.app import configure
     from specq.worker.tasks import process_chunk  # noqa: F401  (registers the task on the app)
 
-    heartbeat = Heartbeat(ctx, broker)
+    heartbeat = Heartbeat(ctx, broker, alive_file=os.environ.get(ALIVE_FILE_ENV) or None)
     heartbeat.start()
     log.info("worker %s serving queue %s of %s; results in %s", ctx.config.name, CHUNK_QUEUE, mask_url(broker), db.url)
 
@@ -91,12 +106,19 @@ def run_worker(
                 f"--hostname={ctx.config.name}",
                 f"--queues={CHUNK_QUEUE}",
                 f"--loglevel={loglevel}",
+                # remote control (celery inspect) and events (Flower) are on in the app's configuration;
+                # worker heartbeats are events too, so Flower sees the worker online. Gossip and mingle
+                # only sync revoked task ids and clocks between workers, which specq does not use
                 "--without-gossip",
                 "--without-mingle",
-                "--without-heartbeat",
             ]
         )
+    except SystemExit as exc:
+        if not ctx.shared.unusable and exc.code not in (None, 0):
+            raise
     finally:
         heartbeat.stop()
         unregister_worker(ctx)
         set_context(None)
+    if ctx.shared.unusable:
+        raise WorkerUnusableError(f"{ctx.shared.unusable}; gave its work back", EXIT_MODEL_UNLOADABLE)

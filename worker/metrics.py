@@ -1,23 +1,69 @@
-"""Prometheus metrics of one worker, named as vLLM names its own (`vllm:spec_decode_num_drafts` ...).
+"""Prometheus metrics of one worker, named as vLLM names its own, under a `specq_` prefix.
 
-prometheus_client accepts ':' in names (the Prometheus data model allows it), so the names are
-`specq:...` exactly like vLLM's `vllm:...`; counters get the usual `_total` suffix on exposition.
+vLLM's `vllm:spec_decode_num_drafts` becomes `specq_spec_decode_num_drafts_total`: the name after the
+prefix is vLLM's, so dashboards and queries port over, while the `_` prefix (not `:`, which Prometheus
+reserves for recording rules), the `_total` suffix of counters and seconds as the unit are what
+`promtool check metrics` asks for.
+
 Raw counters only: acceptance rate = accepted / draft tokens, mean acceptance length =
-1 + accepted / drafts, both derived by whoever reads them (e.g. a PromQL `rate()` ratio).
+1 + accepted / drafts, per-position acceptance = accepted_per_pos{position} / drafts; whoever reads them
+derives the rates (a PromQL `rate()` ratio, as deploy/monitoring's dashboard does).
+
+Timings, all histograms in seconds, per request unless said otherwise:
+- queue time: from the job's enqueue to the claim of the request by a worker;
+- end-to-end latency: from the job's enqueue to the request's result being stored;
+- time to first token: in the engine, from the request's admission to a batch to its first token (the
+  queue time is its own histogram: a batch job's queue wait would drown the engine's part);
+- time per output token: the engine's time after the first token, per further token;
+- chunk duration: one chunk task, claim to settle.
+
+`model_name` is the served name (the job's `served_model_name`, else the target's Hugging Face id, or the
+folder name of a local target): never a path of the worker's disk.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 from specq.decoding.stats import EngineStats
+from specq.decoding.types import GenerationResult
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
 LABELS = ("model_name", "device")
+# a batch job waits minutes to hours in the queue: buckets from a tenth of a second to four hours
+LONG_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
+CHUNK_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+
+
+def served_model_name(target: str, settings: dict[str, Any] | None = None) -> str:
+    """The name a job's model is reported under: its served name, else the target's id; a local folder
+    is reported by its own name, so no path of this machine reaches a metrics page."""
+    served = (settings or {}).get("served_model_name")
+    if served:
+        return str(served)
+    if os.path.isabs(target) or target.startswith(("./", "../", "~")) or Path(target).exists():
+        return Path(target.rstrip("/")).name or "local"
+    return target
 
 
 @dataclass
@@ -33,40 +79,97 @@ class WorkerMetrics:
     request_failure: Counter
     requests_running: Gauge
     requests_waiting: Gauge
+    queue_time: Histogram
+    e2e_latency: Histogram
+    time_to_first_token: Histogram
+    time_per_output_token: Histogram
+    chunk_duration: Histogram
 
     @classmethod
-    def create(cls, registry: CollectorRegistry | None = None) -> WorkerMetrics:
-        r = registry or CollectorRegistry()
+    def create(cls, registry: CollectorRegistry | None = None, fleet: Collector | None = None) -> WorkerMetrics:
+        """The worker's metrics in `registry` (a new one by default, with the process metrics), and the
+        fleet's gauges from `fleet` when given (`worker.fleet_metrics`)."""
+        r = registry
+        if r is None:
+            r = CollectorRegistry()
+            r.register(PROCESS_COLLECTOR)
+            r.register(PLATFORM_COLLECTOR)
+        if fleet is not None:
+            r.register(fleet)
         return cls(
             registry=r,
-            num_drafts=Counter("specq:spec_decode_num_drafts", "Drafts proposed.", LABELS, registry=r),
+            num_drafts=Counter("specq_spec_decode_num_drafts", "Drafts proposed.", LABELS, registry=r),
             num_draft_tokens=Counter(
-                "specq:spec_decode_num_draft_tokens", "Draft tokens proposed.", LABELS, registry=r
+                "specq_spec_decode_num_draft_tokens", "Draft tokens proposed.", LABELS, registry=r
             ),
             num_accepted_tokens=Counter(
-                "specq:spec_decode_num_accepted_tokens", "Draft tokens accepted by the target.", LABELS, registry=r
+                "specq_spec_decode_num_accepted_tokens", "Draft tokens accepted by the target.", LABELS, registry=r
             ),
             num_accepted_tokens_per_pos=Counter(
-                "specq:spec_decode_num_accepted_tokens_per_pos",
+                "specq_spec_decode_num_accepted_tokens_per_pos",
                 "Drafts whose token at this position was accepted.",
                 (*LABELS, "position"),
                 registry=r,
             ),
-            generation_tokens=Counter("specq:generation_tokens", "Tokens generated.", LABELS, registry=r),
-            prompt_tokens=Counter("specq:prompt_tokens", "Prompt tokens prefilled.", LABELS, registry=r),
-            request_success=Counter("specq:request_success", "Requests completed.", LABELS, registry=r),
-            request_failure=Counter("specq:request_failure", "Requests failed.", LABELS, registry=r),
+            generation_tokens=Counter("specq_generation_tokens", "Tokens generated.", LABELS, registry=r),
+            prompt_tokens=Counter("specq_prompt_tokens", "Prompt tokens prefilled.", LABELS, registry=r),
+            request_success=Counter(
+                "specq_request_success", "Requests completed.", (*LABELS, "finished_reason"), registry=r
+            ),
+            request_failure=Counter("specq_request_failure", "Requests failed.", LABELS, registry=r),
             requests_running=Gauge(
-                "specq:num_requests_running", "Requests in the engine's running batch.", LABELS, registry=r
+                "specq_num_requests_running", "Requests in the engine's running batch.", LABELS, registry=r
             ),
             requests_waiting=Gauge(
-                "specq:num_requests_waiting", "Claimed requests waiting for a batch slot.", LABELS, registry=r
+                "specq_num_requests_waiting", "Claimed requests waiting for a batch slot.", LABELS, registry=r
+            ),
+            queue_time=Histogram(
+                "specq_request_queue_time_seconds",
+                "From the job's enqueue to the request's claim by a worker.",
+                LABELS,
+                buckets=LONG_BUCKETS,
+                registry=r,
+            ),
+            e2e_latency=Histogram(
+                "specq_e2e_request_latency_seconds",
+                "From the job's enqueue to the request's stored result.",
+                LABELS,
+                buckets=LONG_BUCKETS,
+                registry=r,
+            ),
+            time_to_first_token=Histogram(
+                "specq_time_to_first_token_seconds",
+                "From the request's admission to a batch to its first token.",
+                LABELS,
+                buckets=TTFT_BUCKETS,
+                registry=r,
+            ),
+            time_per_output_token=Histogram(
+                "specq_time_per_output_token_seconds",
+                "Engine time per output token after the first.",
+                LABELS,
+                buckets=TPOT_BUCKETS,
+                registry=r,
+            ),
+            chunk_duration=Histogram(
+                "specq_chunk_duration_seconds",
+                "One chunk task, from claim to settle.",
+                LABELS,
+                buckets=CHUNK_BUCKETS,
+                registry=r,
             ),
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
-        log.info("serving Prometheus metrics on %s:%d", addr, port)
+    def serve(self, port: int, host: str = "127.0.0.1") -> bool:
+        """Serve /metrics on host:port; False (and a warning) when the port is taken: a worker without
+        its metrics page still serves requests."""
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            log.warning("cannot serve Prometheus metrics on %s:%d (%s); serving without them", host, port, exc)
+            return False
+        log.info("serving Prometheus metrics on %s:%d", host, port)
+        return True
 
     def add_stats(self, model: str, device: str, stats: EngineStats) -> None:
         """Add one batch's engine counters."""
@@ -78,6 +181,21 @@ class WorkerMetrics:
             self.num_accepted_tokens_per_pos.labels(*labels, str(position)).inc(accepted)
         self.generation_tokens.labels(*labels).inc(stats.num_generated_tokens)
         self.prompt_tokens.labels(*labels).inc(stats.prefill_tokens)
+
+    def add_results(self, model: str, device: str, results: list[GenerationResult], since_enqueue_s: float) -> None:
+        """Count stored results; `since_enqueue_s`: seconds from the job's enqueue to now (the store)."""
+        labels = (model, device)
+        for result in results:
+            if result.error is not None:
+                self.request_failure.labels(*labels).inc()
+                continue
+            self.request_success.labels(*labels, result.finish_reason or "stop").inc()
+            self.e2e_latency.labels(*labels).observe(since_enqueue_s)
+            if result.first_token_s is not None:
+                self.time_to_first_token.labels(*labels).observe(result.first_token_s)
+                if result.completion_tokens > 1:
+                    per_token = (result.latency_s - result.first_token_s) / (result.completion_tokens - 1)
+                    self.time_per_output_token.labels(*labels).observe(max(0.0, per_token))
 
     def set_load(self, model: str, device: str, outstanding: int, batch_size: int) -> None:
         """Outstanding claimed requests: up to batch_size of them run, the rest wait for a slot."""

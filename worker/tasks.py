@@ -10,6 +10,7 @@ from specq.queue import PROCESS_CHUNK_TASK
 from specq.worker.app import app
 from specq.worker.chunk import run_chunk_patiently
 from specq.worker.runtime import get_context
+from specq.worker.startup import EXIT_MODEL_UNLOADABLE
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,14 @@ log = logging.getLogger(__name__)
 )
 def process_chunk(job_id: str, first: int, end: int) -> dict[str, int]:
     """Run the requests of job `job_id` at positions [first, end) that are still to do."""
-    counts = run_chunk_patiently(get_context(), job_id, first, end)
+    ctx = get_context()
+    counts = run_chunk_patiently(ctx, job_id, first, end)
     log.info("job %s chunk [%d, %d): %s", job_id, first, end, counts)
+    if ctx.shared.unusable:
+        # the chunk went back to the queue; this worker takes no other: Celery's own warm shutdown,
+        # with the exit code that tells the autoscaler why (`specq worker` prints the reason)
+        from celery.worker import state
+
+        ctx.shared.stopping.set()
+        state.should_stop = EXIT_MODEL_UNLOADABLE
     return counts

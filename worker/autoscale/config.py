@@ -27,6 +27,15 @@ class AutoscaleConfig:
     # 1, 2, 4 ... up to max_backoff_s, so a broken setup does not spin
     min_uptime_s: float = 30.0
     max_backoff_s: float = 60.0
+    # a worker that exits by itself with code 3 or 4 (`worker.startup`: unusable device, models that do
+    # not load) or within failed_start_s of starting failed to start; after give_up_after such failures in
+    # a row on one device, no worker is placed there again until the autoscaler restarts
+    failed_start_s: float = 10.0
+    give_up_after: int = 3
+    # worker i of the running fleet serves its metrics on metrics_port + i (i reused, so the ports stay
+    # within metrics_port .. metrics_port + max - 1, a fixed list for Prometheus); None: no metrics
+    metrics_port: int | None = 9100
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.min_workers < 0:
@@ -46,8 +55,12 @@ class AutoscaleConfig:
             raise ValueError(f"interval must be > 0, got {self.interval_s}")
         if self.grace_s <= 0:
             raise ValueError(f"grace must be > 0, got {self.grace_s}")
-        if self.min_uptime_s < 0 or self.max_backoff_s < 0:
-            raise ValueError("min_uptime_s and max_backoff_s must be >= 0")
+        if self.min_uptime_s < 0 or self.max_backoff_s < 0 or self.failed_start_s < 0:
+            raise ValueError("min_uptime_s, max_backoff_s and failed_start_s must be >= 0")
+        if self.give_up_after < 1:
+            raise ValueError(f"give up after must be >= 1, got {self.give_up_after}")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535 - self.max_workers + 1:
+            raise ValueError(f"metrics ports {self.metrics_port}..+{self.max_workers - 1} must lie within 1..65535")
 
 
 def parse_devices(text: str) -> tuple[str, ...]:

@@ -8,7 +8,14 @@
 - stop: SIGTERM (the worker finishes the batch in hand and gives the rest of its chunk back), then
   SIGKILL once `grace_s` has passed (its leases then expire and a sweeper requeues its requests);
 - reap: collect exited workers; one that exits on its own within `min_uptime_s` counts as a crash, and
-  starts then back off exponentially, so a broken setup does not spin.
+  starts then back off exponentially, so a broken setup does not spin;
+- give up a device: a worker that exits with a start-failure code (3: the device is unusable, 4: the
+  models do not load there; `worker.startup`) or within `failed_start_s` failed to start. After
+  `give_up_after` such failures in a row on one device (a worker that stays up `min_uptime_s` resets
+  the count), that device is given up, said once in the log, and gets no worker until this process
+  restarts: a host missing a GPU of `--devices` ends up served by the GPUs it has.
+- metrics: each worker serves Prometheus metrics on `metrics_port + slot`, its slot the lowest one no
+  other worker (running or stopping) holds, so the ports stay in a fixed range Prometheus lists.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from specq.worker.autoscale.config import AutoscaleConfig
+from specq.worker.startup import START_FAILURE_CODES
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,7 @@ def _die_with_parent() -> None:  # pragma: no cover (runs in the child between f
 class ManagedWorker:
     index: int  # 0, 1, 2 ... in start order, for log file names
     device: str
+    slot: int  # its metrics port is metrics_port + slot
     process: subprocess.Popen[bytes]
     started_at: float
     log_file: IO[bytes] | None = None
@@ -74,6 +83,8 @@ class Supervisor:
     _started: int = 0
     _quick_exits: int = 0  # consecutive crashes within min_uptime_s
     _start_after: float = 0.0
+    _failed_starts: dict[str, int] = field(default_factory=dict)  # per device, in a row
+    given_up: set[str] = field(default_factory=set)
 
     # -- what runs ---------------------------------------------------------------------------------
     def running(self) -> list[ManagedWorker]:
@@ -83,19 +94,33 @@ class Supervisor:
     def stopping(self) -> list[ManagedWorker]:
         return [w for w in self.workers if w.stopping]
 
+    def usable_devices(self) -> list[str]:
+        return [d for d in self.config.devices if d not in self.given_up]
+
     def next_device(self) -> str:
-        load = {device: 0 for device in self.config.devices}
+        usable = self.usable_devices()
+        load = {device: 0 for device in usable}
         for w in self.running():
             if w.device in load:
                 load[w.device] += 1
-        return min(self.config.devices, key=lambda d: load[d])  # min keeps the first of equals
+        return min(usable, key=lambda d: load[d])  # min keeps the first of equals
 
     def can_start(self) -> bool:
-        return self.clock() >= self._start_after
+        return self.clock() >= self._start_after and bool(self.usable_devices())
+
+    def _free_slot(self) -> int:
+        taken = {w.slot for w in self.workers}
+        return next(i for i in range(len(taken) + 1) if i not in taken)
+
+    def _metrics_args(self, slot: int) -> list[str]:
+        if self.config.metrics_port is None:
+            return ["--metrics-port", "0"]
+        return ["--metrics-port", str(self.config.metrics_port + slot), "--metrics-host", self.config.metrics_host]
 
     # -- changes -----------------------------------------------------------------------------------
     def start(self) -> ManagedWorker:
         device = self.next_device()
+        slot = self._free_slot()
         index = self._started
         self._started += 1
         log_file: IO[bytes] | None = None
@@ -107,14 +132,14 @@ class Supervisor:
         if sys.platform.startswith("linux"):
             kwargs["preexec_fn"] = _die_with_parent
         process = subprocess.Popen(
-            [*self.command, "--device", device],
+            [*self.command, "--device", device, *self._metrics_args(slot)],
             env=dict(self.env),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             **kwargs,
         )
-        worker = ManagedWorker(index, device, process, self.clock(), log_file)
+        worker = ManagedWorker(index, device, slot, process, self.clock(), log_file)
         self.workers.append(worker)
         log.info("started worker %d (pid %d) on %s", index, process.pid, device)
         return worker
@@ -140,6 +165,8 @@ class Supervisor:
         exited = []
         for worker in list(self.workers):
             code = worker.process.poll()
+            if code is None and now - worker.started_at >= self.config.min_uptime_s:
+                self._failed_starts.pop(worker.device, None)  # the device serves: its failures are forgiven
             if code is None:
                 if worker.stop_deadline is not None and now >= worker.stop_deadline and not worker.killed:
                     log.warning(
@@ -167,12 +194,27 @@ class Supervisor:
                 code,
                 uptime,
             )
+            if code in START_FAILURE_CODES or uptime < self.config.failed_start_s:
+                self._failed_start(worker.device, code)
             self._quick_exits = self._quick_exits + 1 if uptime < self.config.min_uptime_s else 0
             if self._quick_exits:
                 delay = min(self.config.max_backoff_s, 2.0 ** (self._quick_exits - 1))
                 self._start_after = now + delay
                 log.warning("%d quick exits in a row: next start in %.0fs", self._quick_exits, delay)
         return exited
+
+    def _failed_start(self, device: str, code: int) -> None:
+        failures = self._failed_starts.get(device, 0) + 1
+        self._failed_starts[device] = failures
+        if failures >= self.config.give_up_after and device not in self.given_up:
+            self.given_up.add(device)
+            log.error(
+                "giving up device %s: %d workers in a row failed to start there (last exit %s); no worker is "
+                "placed on it until the autoscaler restarts",
+                device,
+                failures,
+                code,
+            )
 
     def stop_all(self, hurry: Callable[[], bool] = lambda: False, poll_s: float = 0.1) -> None:
         """SIGTERM every worker and wait for all to exit; SIGKILL those past their grace, or all of them
