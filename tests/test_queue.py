@@ -158,13 +158,13 @@ def test_workers_and_metrics(env, tiny_pair, tmp_path) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
         metrics = response.read().decode()
     for name in (
-        "specq:spec_decode_num_drafts_total",
-        "specq:spec_decode_num_draft_tokens_total",
-        "specq:spec_decode_num_accepted_tokens_total",
-        'specq:spec_decode_num_accepted_tokens_per_pos_total{device="cpu",model_name="',
-        "specq:generation_tokens_total",
-        "specq:num_requests_running",
-        "specq:num_requests_waiting",
+        "specq_spec_decode_num_drafts_total",
+        "specq_spec_decode_num_draft_tokens_total",
+        "specq_spec_decode_num_accepted_tokens_total",
+        'specq_spec_decode_num_accepted_tokens_per_pos_total{device="cpu",model_name="',
+        "specq_generation_tokens_total",
+        "specq_num_requests_running",
+        "specq_num_requests_waiting",
     ):
         assert name in metrics, name
 
