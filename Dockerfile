@@ -30,11 +30,14 @@ COPY bench ./bench
 RUN pip install --no-deps .
 
 # Celery refuses to be root without complaint; workers need no privileges
-RUN useradd --create-home --uid 1000 specq && mkdir -p /data /models && chown specq /data /models
+# /data and /models are the group 0's too (OpenShift's convention): a container run as another uid with
+# group 0 (the compose `cli` service, as the host user, to write its bind mount) can write them
+RUN useradd --create-home --uid 1000 --gid 0 specq && mkdir -p /data /models /jobs \
+    && chown specq:0 /data /models /jobs && chmod g+rwX /data /models /jobs
 USER specq
 VOLUME ["/data", "/models"]
 
-# the worker's Prometheus metrics (specq worker --metrics-port 9100)
+# the worker's Prometheus metrics (specq worker --metrics-port 9100; the autoscaler's workers 9100 + i)
 EXPOSE 9100
 ENTRYPOINT ["specq"]
 CMD ["worker"]

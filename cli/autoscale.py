@@ -24,6 +24,7 @@ from specq.cli.options import broker_option, database_option, specq_errors
 @click.option("--max", "max_workers", type=click.IntRange(min=1), required=True, help="Most workers running at once.")
 @click.option(
     "--devices",
+    envvar="SPECQ_AUTOSCALE_DEVICES",
     help="Comma-separated devices the workers are placed on, round-robin, e.g. cuda:0,cuda:1 or cpu. "
     "[default: every visible GPU, else cpu]",
 )

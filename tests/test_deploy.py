@@ -20,7 +20,7 @@ from tests.services import invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
-_VAR = re.compile(r"\$\{([A-Z0-9_]+)(?::-([^}]*))?\}")
+_VAR = re.compile(r"\$\{([A-Z0-9_]+)(?::([-?])([^}]*))?\}")
 
 
 def env_example() -> dict[str, str]:
@@ -33,8 +33,8 @@ def env_example() -> dict[str, str]:
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
-    """docker compose's ${VAR} and ${VAR:-default}, from .env.example."""
-    return _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), text)
+    """docker compose's ${VAR}, ${VAR:-default} and ${VAR:?error}, from .env.example."""
+    return _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(3) if m.group(2) == "-" else ""), text)
 
 
 def check_specq_command(args: list[str]) -> None:
@@ -68,34 +68,44 @@ def load_compose() -> dict:
 def test_compose_services_volumes_healthchecks_gpu() -> None:
     compose = load_compose()
     services = compose["services"]
-    assert {"redis", "postgres", "migrate", "worker", "autoscaler"} <= set(services)
+    assert {"redis", "postgres", "migrate", "worker-gpu0", "worker-gpu1", "worker-cpu", "autoscaler"} <= set(services)
     for name in ("redis", "postgres"):
         assert services[name]["healthcheck"]["test"], name
         volume = services[name]["volumes"][0].split(":")[0]
         assert volume in compose["volumes"], name  # a named volume: the data outlives the container
     assert services["migrate"]["command"] == ["db", "upgrade"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("worker", "autoscaler"):
+    for name in ("worker-gpu0", "worker-gpu1", "autoscaler"):
         (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"], name
+    # static workers each get their own GPU, and run instead of the autoscaler (profiles apart)
+    assert [
+        services[f"worker-gpu{i}"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for i in (0, 1)
+    ] == [["0"], ["1"]]
+    assert services["autoscaler"]["profiles"] == ["autoscale"]
+    assert services["worker-gpu0"]["profiles"] == ["static"] and services["worker-cpu"]["profiles"] == ["cpu"]
+    assert "deploy" not in services["worker-cpu"]
+    for name in ("worker-gpu0", "worker-cpu", "autoscaler"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-        assert services[name]["build"] == "." and (ROOT / "Dockerfile").exists()
+        assert services[name]["command"][-2:] == ["--metrics-host", "0.0.0.0"], name
+    # one image build
+    assert [name for name, s in services.items() if "build" in s] == ["migrate"] and (ROOT / "Dockerfile").exists()
     # credentials reach specq as URLs in the environment, built from .env
-    env = services["worker"]["environment"]
+    env = services["worker-gpu0"]["environment"]
     assert env["SPECQ_DATABASE_URL"].startswith("postgresql+psycopg://") and env["SPECQ_BROKER_URL"].startswith(
         "redis://"
     )
 
 
 def test_compose_commands_are_real_specq_commands() -> None:
-    commands = [s["command"] for s in load_compose()["services"].values() if s.get("build") == "."]
-    assert len(commands) >= 4
+    commands = [s["command"] for s in load_compose()["services"].values() if str(s.get("image")).startswith("specq")]
+    assert len(commands) >= 6
     for args in commands:
         check_specq_command([str(a) for a in args])
 
 
 def test_env_example_defines_every_variable_the_compose_file_uses() -> None:
-    used = {m.group(1) for m in _VAR.finditer((ROOT / "docker-compose.yml").read_text()) if m.group(2) is None}
+    used = {m.group(1) for m in _VAR.finditer((ROOT / "docker-compose.yml").read_text()) if m.group(2) != "-"}
     assert used <= set(env_example()), used - set(env_example())
 
 
@@ -119,7 +129,9 @@ def by_kind(kind: str) -> list[dict]:
 
 def test_k8s_worker_deployment() -> None:
     (deployment,) = by_kind("Deployment")
+    assert "replicas" not in deployment["spec"]  # KEDA owns the count; an apply must not reset it
     pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == 1000
     assert pod["terminationGracePeriodSeconds"] >= 300  # one batch of long completions
     (container,) = pod["containers"]
     assert container["command"] == ["specq"] and container["args"][0] == "worker"
@@ -127,11 +139,20 @@ def test_k8s_worker_deployment() -> None:
     for kind in ("requests", "limits"):
         assert container["resources"][kind]["nvidia.com/gpu"] == 1
     assert container["envFrom"][0]["secretRef"]["name"] == "specq-services"
+    assert container["args"][-2:] == ["--metrics-host", "0.0.0.0"]
+    alive = next(e["value"] for e in container["env"] if e["name"] == "SPECQ_ALIVE_FILE")
+    assert alive in " ".join(container["livenessProbe"]["exec"]["command"])
+    assert alive in " ".join(container["readinessProbe"]["exec"]["command"])
 
 
 def test_k8s_migration_job() -> None:
     (job,) = by_kind("Job")
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    (image,) = kustomization["images"]
+    # named per release: a re-release creates a new Job instead of colliding with the old one's template
+    assert job["metadata"]["name"] == "specq-migrate-" + image["newTag"].replace(".", "-")
     (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == image["name"]
     assert container["args"] == ["db", "upgrade"]
     check_specq_command(container["args"])
 
