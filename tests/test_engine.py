@@ -383,3 +383,14 @@ def test_models_with_embedding_tables_of_different_sizes(target, target_vocab, d
     emitted = {t for r in results.values() for t in r.token_ids}
     if target_vocab > draft_vocab:
         assert max(emitted) >= draft_vocab  # the target emitted ids the draft cannot read
+
+
+def test_each_result_records_when_its_first_token_came(target, any_draft, prompts):
+    """`first_token_s` (the workers' time-to-first-token histogram): after admission, within the latency;
+    the later rows of a small batch are timed from their own admission."""
+    results, _ = _run(
+        target, any_draft, _greedy_requests(prompts, max_tokens=8), num_speculative_tokens=3, batch_size=2
+    )
+    assert len(results) > 2
+    for result in results.values():
+        assert result.first_token_s is not None and 0 < result.first_token_s <= result.latency_s, result

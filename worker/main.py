@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from specq.db.migrate import open_migrated
 from specq.db.session import mask_url
@@ -120,5 +121,7 @@ def run_worker(
         heartbeat.stop()
         unregister_worker(ctx)
         set_context(None)
+        # Celery sends stdout and stderr to its logger while it runs: the closing line is printed plainly
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     if ctx.shared.unusable:
         raise WorkerUnusableError(f"{ctx.shared.unusable}; gave its work back", EXIT_MODEL_UNLOADABLE)
