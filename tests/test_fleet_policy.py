@@ -98,7 +98,7 @@ def test_round_robin_placement_and_graceful_stop() -> None:
         args: list[str] = started[0].process.args  # type: ignore[assignment]
         assert args[args.index("--device") + 1] == "cuda:0"
         # metrics ports: one per running slot, from the base port
-        assert [w.process.args[-3] for w in started] == ["9100", "9101", "9102"]  # type: ignore[index]
+        assert [w.process.args[-1] for w in started] == ["9100", "9101", "9102"]  # type: ignore[index]
         sup.stop(started[1])  # cuda:1 is now empty: the next worker goes there
         assert sup.next_device() == "cuda:1"
         wait_for(lambda: started[1] in sup.reap(), 10, "the worker to exit on SIGTERM")

@@ -115,7 +115,7 @@ class Supervisor:
     def _metrics_args(self, slot: int) -> list[str]:
         if self.config.metrics_port is None:
             return ["--metrics-port", "0"]
-        return ["--metrics-port", str(self.config.metrics_port + slot), "--metrics-host", self.config.metrics_host]
+        return ["--metrics-port", str(self.config.metrics_port + slot)]
 
     # -- changes -----------------------------------------------------------------------------------
     def start(self) -> ManagedWorker:
@@ -133,7 +133,7 @@ class Supervisor:
             kwargs["preexec_fn"] = _die_with_parent
         process = subprocess.Popen(
             [*self.command, "--device", device, *self._metrics_args(slot)],
-            env=dict(self.env),
+            env={**self.env, "SPECQ_METRICS_HOST": self.config.metrics_host},  # addresses stay off `ps`
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
