@@ -28,8 +28,8 @@ from specq.worker.model_cache import ModelCache
 from specq.worker.runtime import set_context, worker_name
 from specq.worker.startup import EXIT_MODEL_UNLOADABLE, check_device
 
-# a file the heartbeat thread touches at each beat: Kubernetes' liveness probe checks its age, so a worker
-# whose heartbeat stopped (its leases then expire) is restarted
+# a file the heartbeat thread touches every heartbeat_s, database up or not: Kubernetes' liveness probe
+# checks its age, so a worker whose heartbeat thread stopped (its leases then expire) is restarted
 ALIVE_FILE_ENV = "SPECQ_ALIVE_FILE"
 
 log = logging.getLogger(__name__)
