@@ -28,7 +28,6 @@ from specq.errors import (
     JobNotFoundError,
     ModelLoadError,
     OutputPathError,
-    ServiceUnavailableError,
     SpecqError,
 )
 from specq.limits import (
@@ -272,15 +271,15 @@ class UsageLine(click.ClickException):
 def specq_errors() -> Iterator[None]:
     """Turn domain errors into click's: bad input and unloadable models exit 2, services down exit 1,
     as one sentence without a traceback."""
+    from specq.masking import mask_text
+
     try:
         yield
     except BadInputError as exc:
         raise BadInput(exc.problems) from None
     except (OutputPathError, ConfigError) as exc:
-        raise UsageLine(str(exc)) from None
+        raise UsageLine(mask_text(str(exc))) from None
     except (ModelLoadError, JobNotFoundError) as exc:
-        raise click.UsageError(str(exc)) from None
-    except ServiceUnavailableError as exc:
-        raise click.ClickException(str(exc)) from None
-    except SpecqError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.UsageError(mask_text(str(exc))) from None
+    except SpecqError as exc:  # services down among them: a library's reason may quote a URL
+        raise click.ClickException(mask_text(str(exc))) from None

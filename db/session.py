@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from specq.errors import SchemaError, ServiceUnavailableError
+from specq.masking import mask_url
 from specq.paths import data_dir
 
 log = logging.getLogger(__name__)
@@ -29,14 +30,6 @@ _at_head: set[str] = set()  # databases found at SCHEMA_HEAD in this process
 def resolve_url(url: str | None = None) -> str:
     """`url`, else `SPECQ_DATABASE_URL`, else the embedded SQLite file in specq's data directory."""
     return url or os.environ.get(DATABASE_ENV) or f"sqlite:///{data_dir() / 'specq.db'}"
-
-
-def mask_url(url: str) -> str:
-    """Any service URL (database, broker) with its password replaced by ***, for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy can parse: show nothing of it that could be a secret
-        return "<unparsable database URL>"
 
 
 def is_sqlite(engine: Engine) -> bool:

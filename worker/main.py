@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 
 from specq.db.migrate import open_migrated
-from specq.db.session import mask_url
 from specq.jobs.services import check_broker
+from specq.masking import mask_url
 from specq.models.loading import resolve_device
 from specq.queue import CHUNK_QUEUE, QueueSettings
 from specq.worker.context import WorkerContext
