@@ -54,7 +54,7 @@ def test_errors_tracebacks_logs_and_ps_show_no_credential(pg_db_url, redis_url, 
 
     # an uncaught exception's traceback, in a process that uses the URL
     url = f"{pg_db_url}?password={SECRET}"
-    code = "import sys; from specq.masking import register_urls; register_urls(sys.argv[1]); raise RuntimeError(sys.argv[1])"
+    code = "import sys; from specq.masking import register_urls as r; r(sys.argv[1]); raise RuntimeError(sys.argv[1])"
     done = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=60)
     assert "Traceback" in done.stderr and SECRET not in done.stderr and "password=***" in done.stderr, done.stderr
 
