@@ -44,6 +44,7 @@ from specq.limits import (
 
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
+    from specq.jobs.patience import Patient
 
 F = TypeVar("F", bound=Callable[..., Any])
 Command = Callable[..., None]
@@ -243,6 +244,14 @@ def broker_option(f: F) -> F:
         envvar="SPECQ_BROKER_URL",
         help="Celery broker (Redis) URL. [env: SPECQ_BROKER_URL; default: none, work runs in-process]",
     )(f)
+
+
+def patient_reads() -> Patient:
+    """What a waiting or polling command reads the database through: it rides out an outage, with one
+    warning line on stderr (jobs.patience)."""
+    from specq.jobs.patience import Patient
+
+    return Patient(lambda line: click.echo(line, err=True))
 
 
 class BadInput(click.ClickException):

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from specq.errors import SchemaError, ServiceUnavailableError
+from specq.errors import DatabaseUnreachableError, SchemaError, ServiceUnavailableError
 from specq.masking import mask_url
 from specq.paths import data_dir
 
@@ -63,9 +63,9 @@ class Database:
         return is_sqlite(self.engine)
 
 
-def unavailable(db_url: str, exc: BaseException) -> ServiceUnavailableError:
+def unavailable(db_url: str, exc: BaseException) -> DatabaseUnreachableError:
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-    return ServiceUnavailableError(f"cannot reach the database at {mask_url(db_url)}: {reason}")
+    return DatabaseUnreachableError(f"cannot reach the database at {mask_url(db_url)}: {reason}")
 
 
 _databases: dict[str, Database] = {}

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,20 @@ def _pg_ctl(action: str) -> None:
         capture_output=True,
         timeout=120,
     )
+
+
+@contextmanager
+def postgres_stopped() -> Iterator[None]:
+    """PostgreSQL stopped (fast shutdown: every connection is cut) for the block, started again after it
+    whatever happens."""
+    try:
+        _pg_ctl("stop")
+        wait_for(lambda: not postgres_up(), 30, "PostgreSQL to stop")
+        yield
+    finally:
+        if not postgres_up():
+            _pg_ctl("start")
+        wait_for(postgres_up, 60, "PostgreSQL to start")
 
 
 def restart_postgres(down_s: float = 1.0) -> float:

@@ -49,7 +49,7 @@ def test_errors_tracebacks_logs_and_ps_show_no_credential(pg_db_url, redis_url, 
     # an unreachable database named with each form: one line, exit 1, masked
     for form in ("?password={s}", "?sslpassword={s}&password={s}"):
         down = pg_db_url.replace(":5432/", ":1/") + form.format(s=SECRET)
-        result = invoke(["status"], services_env(down, None, home))
+        result = invoke(["status"], services_env(down, None, home, SPECQ_OUTAGE_PATIENCE_S="0"))
         assert result.exit_code == 1 and SECRET not in result.output and "***" in result.output, result.output
 
     # an uncaught exception's traceback, in a process that uses the URL
