@@ -131,11 +131,14 @@ def test_body_model_never_loads_another_model_or_path(plain_outputs, tiny_pair, 
     file, a Hub id. The OpenAI output reports the target."""
     names = [tiny_pair[1], "/etc/passwd", "gpt2"]
     lines = [
-        {"custom_id": p["id"], "method": "POST", "url": "/v1/completions", "body": {**p, "model": name}}
+        {
+            "custom_id": p["id"],
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {**{k: v for k, v in p.items() if k != "id"}, "model": name},
+        }
         for p, name in zip(PLAIN, names, strict=True)
     ]
-    for line in lines:
-        del line["body"]["id"]
     path = write_requests(tmp_path / "openai.jsonl", lines)
     outputs = run_lines(path, tmp_path / "openai.out", tiny_pair)
     assert [o["tokens"] for o in outputs] == [o["tokens"] for o in plain_outputs]
