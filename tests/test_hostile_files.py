@@ -9,6 +9,8 @@ import contextlib
 import csv
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -148,3 +150,36 @@ def test_body_model_never_loads_another_model_or_path(plain_outputs, tiny_pair, 
     assert invoke(["export", job_id, "-o", str(out), "--format", "openai"], env).exit_code == 0
     models = [json.loads(line)["response"]["body"]["model"] for line in out.read_text().splitlines()]
     assert models == [tiny_pair[0]] * 3
+
+
+def _full_disk_at(limit_bytes: int):
+    """For a child process: files may not grow past `limit_bytes` (RLIMIT_FSIZE); a write past it fails
+    with EFBIG, as on a full disk, instead of killing the process (SIGXFSZ ignored)."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def test_a_full_disk_for_the_results_database_is_one_line_and_stores_nothing(tiny_pair, tmp_path) -> None:
+    env = _env(tmp_path)
+    assert invoke(["db", "upgrade"], env).exit_code == 0  # the embedded SQLite store, made on a roomy disk
+    lines = [{"id": f"r{i}", "prompt": "x" * 2000, "max_tokens": 2} for i in range(200)]  # ~400 kB of prompts
+    path = write_requests(tmp_path / "in.jsonl", lines)
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "specq", "submit", path, "--target", tiny_pair[0]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        preexec_fn=_full_disk_at(200_000),
+    )
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"Error: could not store the job in the database at sqlite:///{tmp_path / 'home' / 'specq.db'} "
+        "(disk I/O error; is its disk full?): nothing was stored"
+    ], done.stderr
+    result = invoke(["status", "--json"], env)
+    assert result.exit_code == 0 and json.loads(result.stdout) == []
