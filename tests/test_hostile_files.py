@@ -105,7 +105,7 @@ def test_a_fifo_as_input_is_read_once(plain_outputs, tiny_pair, tmp_path) -> Non
     args = ["run", str(fifo), "-o", str(out), "--target", tiny_pair[0]]
     try:
         done = subprocess.run(
-            [sys.executable, "-P", "-m", "specq", *args], capture_output=True, text=True, timeout=30, env=_env(tmp_path)
+            [sys.executable, "-P", "-m", "specq", *args], capture_output=True, text=True, timeout=20, env=_env(tmp_path)
         )
     finally:
         with contextlib.suppress(OSError), open(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), "rb"):

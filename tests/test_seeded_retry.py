@@ -24,13 +24,13 @@ LINES = [
     {
         "id": f"s{i}",
         "prompt": f"def f{i}(x):",
-        "max_tokens": 24,
+        "max_tokens": 16,
         "temperature": (0.7, 0.85, 1.0)[i % 3],
         "top_p": (1.0, 0.9, 0.95)[i % 3],
         "top_k": (0, 20, 8)[i % 3],
         "seed": 1000 + i,
     }
-    for i in range(48)
+    for i in range(32)
 ]
 DRAFT_COUNTERS = ("draft_tokens", "accepted_tokens")
 
