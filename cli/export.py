@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import database_option, job_argument, specq_errors
+from specq.cli.options import database_option, job_argument, patient_reads, specq_errors
 
 FORMATS = ("csv", "jsonl", "openai")
 
@@ -37,5 +37,7 @@ def export(job: str, output: str, fmt: str | None, csv_raw: bool, database_url: 
         from specq.db.session import open_database
         from specq.jobs.export import export_job
 
-        count = export_job(open_database(database_url), job, output, fmt, csv_raw=csv_raw)  # type: ignore[arg-type]
+        patient = patient_reads()
+        db = patient(lambda: open_database(database_url))
+        count = export_job(db, job, output, fmt, csv_raw=csv_raw, patient=patient)  # type: ignore[arg-type]
     click.echo(f"wrote {count} results of job {job} to {output} ({fmt})", err=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import click
 
@@ -17,7 +18,8 @@ def cli(verbose: int) -> None:
     """specq: batch speculative decoding. JSONL in, completions and metrics out."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from specq.masking import register_urls
+    from specq.masking import mask_process_title, register_urls
 
-    # credentials come from URLs only; no log line shows them (commands add URLs given as flags)
+    # credentials come from URLs only; no log line shows them (commands add URLs given as flags), nor `ps`
     register_urls(os.environ.get("SPECQ_DATABASE_URL"), os.environ.get("SPECQ_BROKER_URL"))
+    mask_process_title(sys.argv)

@@ -28,7 +28,6 @@ from specq.errors import (
     JobNotFoundError,
     ModelLoadError,
     OutputPathError,
-    ServiceUnavailableError,
     SpecqError,
     WorkerUnusableError,
 )
@@ -46,6 +45,7 @@ from specq.limits import (
 
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
+    from specq.jobs.patience import Patient
 
 F = TypeVar("F", bound=Callable[..., Any])
 Command = Callable[..., None]
@@ -247,6 +247,14 @@ def broker_option(f: F) -> F:
     )(f)
 
 
+def patient_reads() -> Patient:
+    """What a waiting or polling command reads the database through: it rides out an outage, with one
+    warning line on stderr (jobs.patience)."""
+    from specq.jobs.patience import Patient
+
+    return Patient(lambda line: click.echo(line, err=True))
+
+
 class BadInput(click.ClickException):
     """Bad input lines: each shown alone on its line as INPUT:LINE: reason, then a summary; exit 2."""
 
@@ -281,17 +289,17 @@ class WorkerExit(click.ClickException):
 def specq_errors() -> Iterator[None]:
     """Turn domain errors into click's: bad input and unloadable models exit 2, services down exit 1,
     as one sentence without a traceback."""
+    from specq.masking import mask_text
+
     try:
         yield
     except BadInputError as exc:
         raise BadInput(exc.problems) from None
     except (OutputPathError, ConfigError) as exc:
-        raise UsageLine(str(exc)) from None
+        raise UsageLine(mask_text(str(exc))) from None
     except (ModelLoadError, JobNotFoundError) as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(mask_text(str(exc))) from None
     except WorkerUnusableError as exc:
-        raise WorkerExit(str(exc), exc.exit_code) from None
-    except ServiceUnavailableError as exc:
-        raise click.ClickException(str(exc)) from None
-    except SpecqError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise WorkerExit(mask_text(str(exc)), exc.exit_code) from None
+    except SpecqError as exc:  # services down among them: a library's reason may quote a URL
+        raise click.ClickException(mask_text(str(exc))) from None

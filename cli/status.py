@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import database_option, job_argument, specq_errors
+from specq.cli.options import database_option, job_argument, patient_reads, specq_errors
 
 
 def _fmt(value: Any) -> str:
@@ -33,8 +33,11 @@ def status(job: str | None, as_json: bool, limit: int, database_url: str | None)
         from specq.db.session import open_database
         from specq.jobs.status import job_status, recent_jobs
 
-        db = open_database(database_url)
-        found: dict[str, Any] | list[dict[str, Any]] = job_status(db, job) if job else recent_jobs(db, limit)
+        patient = patient_reads()
+        db = patient(lambda: open_database(database_url))
+        found: dict[str, Any] | list[dict[str, Any]] = patient(
+            lambda: job_status(db, job) if job else recent_jobs(db, limit)
+        )
     if as_json:
         click.echo(json.dumps(found, indent=None if isinstance(found, list) else 2))
         return

@@ -14,12 +14,14 @@ from specq.cli.options import (
     database_option,
     generation_options,
     input_limit_options,
+    patient_reads,
     specq_errors,
 )
 from specq.cli.progress import ProgressBar
 
 if TYPE_CHECKING:
     from specq.jobs.inputs import InputLimits
+    from specq.jobs.patience import Patient
     from specq.jobs.submit import Submitted
 
 
@@ -86,10 +88,13 @@ def submit(
     )
     if not wait and not submitted.embedded:
         return
-    if not submitted.embedded:
+    patient = patient_reads() if not submitted.embedded else None
+    if patient is not None:
         from specq.jobs.status import live_workers
 
-        if not live_workers(submitted.db):
+        with specq_errors():
+            workers = patient(lambda: live_workers(submitted.db))
+        if not workers:
             click.echo("no live workers yet: start one with `specq worker`", err=True)
 
     progress = ProgressBar(f"job {submitted.job_id}", submitted.total, show=wait)
@@ -100,7 +105,7 @@ def submit(
 
     try:
         with specq_errors(), progress:
-            status = _until_done(submitted, generation.device, show)
+            status = _until_done(submitted, generation.device, show, patient)
     except KeyboardInterrupt:
         if submitted.embedded:  # the job was cancelled: its in-process work dies with this process
             click.echo(f"interrupted: job {submitted.job_id} cancelled; `specq retry` resumes it", err=True)
@@ -110,12 +115,15 @@ def submit(
         raise click.ClickException(f"job {submitted.job_id} {status['state']}")
 
 
-def _until_done(submitted: Submitted, device: str | None, show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Run the job here (no broker) or wait for the workers, until it ends; its last status."""
+def _until_done(
+    submitted: Submitted, device: str | None, show: Callable[[dict[str, Any]], None], patient: Patient | None
+) -> dict[str, Any]:
+    """Run the job here (no broker) or wait for the workers, riding out database outages, until it
+    ends; its last status."""
     if submitted.embedded:
         from specq.worker.embedded import run_job_here
 
         return run_job_here(submitted.db, submitted.job_id, submitted.chunks, device, show)
     from specq.jobs.wait import wait_for_job
 
-    return wait_for_job(submitted.db, submitted.job_id, show)
+    return wait_for_job(submitted.db, submitted.job_id, show, patient=patient)

@@ -7,7 +7,7 @@ import json
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import broker_option, database_option, specq_errors
+from specq.cli.options import broker_option, database_option, patient_reads, specq_errors
 
 DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both sets --metrics-port
 
@@ -81,7 +81,9 @@ def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None
         from specq.db.session import open_database
         from specq.jobs.status import live_workers
 
-        found = live_workers(open_database(database_url), include_gone=include_gone)
+        patient = patient_reads()
+        db = patient(lambda: open_database(database_url))
+        found = patient(lambda: live_workers(db, include_gone=include_gone))
     if as_json:
         click.echo(json.dumps(found))
         return

@@ -14,7 +14,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from specq.errors import SchemaError, ServiceUnavailableError
+from specq.errors import DatabaseUnreachableError, SchemaError, ServiceUnavailableError
+from specq.masking import mask_url
 from specq.paths import data_dir
 
 log = logging.getLogger(__name__)
@@ -29,14 +30,6 @@ _at_head: set[str] = set()  # databases found at SCHEMA_HEAD in this process
 def resolve_url(url: str | None = None) -> str:
     """`url`, else `SPECQ_DATABASE_URL`, else the embedded SQLite file in specq's data directory."""
     return url or os.environ.get(DATABASE_ENV) or f"sqlite:///{data_dir() / 'specq.db'}"
-
-
-def mask_url(url: str) -> str:
-    """Any service URL (database, broker) with its password replaced by ***, for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy can parse: show nothing of it that could be a secret
-        return "<unparsable database URL>"
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -70,9 +63,9 @@ class Database:
         return is_sqlite(self.engine)
 
 
-def unavailable(db_url: str, exc: BaseException) -> ServiceUnavailableError:
+def unavailable(db_url: str, exc: BaseException) -> DatabaseUnreachableError:
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-    return ServiceUnavailableError(f"cannot reach the database at {mask_url(db_url)}: {reason}")
+    return DatabaseUnreachableError(f"cannot reach the database at {mask_url(db_url)}: {reason}")
 
 
 _databases: dict[str, Database] = {}

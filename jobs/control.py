@@ -1,4 +1,6 @@
-"""`specq cancel` and `specq retry`: state changes guarded by the transition table, in one transaction."""
+"""`specq cancel` and `specq retry`: state changes guarded by the transition table, each in one
+transaction that holds the job's row lock (`db.locks`): they are atomic against each other and against
+workers claiming, storing and settling, which take the same lock first."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from specq.db.locks import lock_job
 from specq.db.models import Job, Request, Result
 from specq.db.session import Database, schema_ready
 from specq.db.states import JobState, RequestState, job_sources, request_sources
@@ -38,7 +41,7 @@ class RetryOutcome:
 def _locked_job(db: Database, session: Session, job_id: str) -> Job:
     if not schema_ready(db):  # an empty database holds no job
         raise JobNotFoundError(f"no job has the id {job_id!r}")
-    job = session.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
+    job = lock_job(session, job_id)
     if job is None:
         raise JobNotFoundError(f"no job has the id {job_id!r}")
     return job

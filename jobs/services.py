@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from specq.db.session import mask_url
 from specq.errors import ServiceUnavailableError
+from specq.masking import mask_url
 from specq.queue import BROKER_ENV
 
 

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete
+from sqlalchemy.exc import OperationalError
 
 from specq.db.migrate import open_migrated
 from specq.db.models import Job
 from specq.db.session import Database
 from specq.db.states import JobState
 from specq.db.types import utcnow
-from specq.errors import BadInputError
+from specq.errors import BadInputError, ServiceUnavailableError
 from specq.jobs.enqueue import enqueue_chunks, job_chunks
 from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
@@ -127,6 +128,25 @@ def _store(
     """The job and its requests, in one transaction committed only if the file and the models are good;
     (job id, requests, chunk size)."""
     job_id = new_job_id()
+    try:
+        return _store_job(db, job_id, name, input_path, spec, broker, limits, models)
+    except OperationalError as exc:  # the store itself failed: a full disk, the server gone mid-write
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise ServiceUnavailableError(
+            f"could not store the job in the database at {db.url} ({reason}; is its disk full?): nothing was stored"
+        ) from None
+
+
+def _store_job(
+    db: Database,
+    job_id: str,
+    name: str,
+    input_path: str,
+    spec: JobSpec,
+    broker: str | None,
+    limits: InputLimits | None,
+    models: ModelCheck,
+) -> tuple[str, int, int]:
     with db.session() as session:  # rolled back if the file has a bad line or the models are bad
         job = Job(
             id=job_id,

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specq.db.session import Database
+from specq.jobs.patience import Patient
 from specq.jobs.status import job_ended, job_status
 
 
@@ -17,12 +18,13 @@ def wait_for_job(
     *,
     interval_s: float = 0.5,
     give_up: Callable[[], bool] = lambda: False,
+    patient: Patient | None = None,
 ) -> dict[str, Any]:
     """Poll every `interval_s` until the job ends (or `give_up()` says the work stopped); returns the
-    last status."""
+    last status. `patient`: each poll rides out a database outage through it (jobs.patience)."""
     while True:
         stopped = give_up()  # read before the status, so the last poll sees everything the work wrote
-        status = job_status(db, job_id)
+        status = patient(lambda: job_status(db, job_id)) if patient else job_status(db, job_id)
         on_update(status)
         if job_ended(status["state"]) or stopped:
             return status

@@ -29,6 +29,10 @@ class ServiceUnavailableError(SpecqError):
     """Redis or the database cannot be reached."""
 
 
+class DatabaseUnreachableError(ServiceUnavailableError):
+    """No connection to the database (refused, lost, timed out): it may come back, so readers wait."""
+
+
 class SchemaError(SpecqError):
     """The database holds another revision of specq's schema: `specq db upgrade` migrates it."""
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,20 @@ def _pg_ctl(action: str) -> None:
     )
 
 
+@contextmanager
+def postgres_stopped() -> Iterator[None]:
+    """PostgreSQL stopped (fast shutdown: every connection is cut) for the block, started again after it
+    whatever happens."""
+    try:
+        _pg_ctl("stop")
+        wait_for(lambda: not postgres_up(), 30, "PostgreSQL to stop")
+        yield
+    finally:
+        if not postgres_up():
+            _pg_ctl("start")
+        wait_for(postgres_up, 60, "PostgreSQL to start")
+
+
 def restart_postgres(down_s: float = 1.0) -> float:
     """Stop PostgreSQL (fast shutdown: every connection is cut), wait `down_s`, start it again; the
     seconds it was down."""
@@ -130,3 +145,32 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def freeze_a_worker_mid_chunk(db: Any, job_id: str, workers: list[Any], total: int) -> Any:
+    """The worker holding requests of the job while some of its results are stored, frozen (SIGSTOP) so
+    that it cannot finish its chunk before the caller kills it; None (and thawed) when it got there first.
+    Poll it with `wait_for(..., poll=0.02)`: a fast machine may finish a chunk between two looks."""
+    import signal
+
+    from sqlalchemy import func, select
+
+    from specq.db.models import Request, Result
+
+    def running(session: Any, owner: str | None = None) -> list[str]:
+        query = select(Request.lease_owner).where(Request.job_id == job_id, Request.state == "running")
+        return session.scalars(query if owner is None else query.where(Request.lease_owner == owner)).all()
+
+    with db.session() as session:
+        owners = running(session)
+        done = session.scalar(select(func.count()).select_from(Result).join(Request).where(Request.job_id == job_id))
+    if not owners or not 0 < (done or 0) < total:
+        return None
+    victim = next(w for w in workers if owners[0].endswith(f":{w.proc.pid}"))
+    victim.proc.send_signal(signal.SIGSTOP)
+    time.sleep(0.3)  # what it had already sent the database is applied by now
+    with db.session() as session:
+        if running(session, owners[0]):
+            return victim
+    victim.proc.send_signal(signal.SIGCONT)
+    return None

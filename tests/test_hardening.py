@@ -120,7 +120,9 @@ def test_pickle_refused_and_credentials_masked(secret_urls, tiny_pair, tmp_path)
         assert result.exit_code == 0, result.output
         assert PASSWORD not in result.output
     assert "postgres:***@" in invoke(["db", "upgrade"], env).output
-    down = services_env(db_url.replace(":5432/", ":1/"), broker.replace(":6379/", ":1/"), tmp_path / "home")
+    down = services_env(
+        db_url.replace(":5432/", ":1/"), broker.replace(":6379/", ":1/"), tmp_path / "home", SPECQ_OUTAGE_PATIENCE_S="0"
+    )
     for args in (["status"], ["workers", "--json"], ["worker"], ["submit", path, "--target", tiny_pair[0]]):
         result = invoke(args, down)
         assert result.exit_code == 1 and PASSWORD not in result.output and "***" in result.output, result.output

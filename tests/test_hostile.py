@@ -261,7 +261,7 @@ def test_retry_right_after_cancel_says_what_it_did(queued_env, tiny_pair, tmp_pa
     assert job_status(env, job_id)["state"] == "cancelled"
 
     with db.session() as session:  # ... now it has, and gives its claims up
-        assert cancel_claimed(session, claimed, "w1") == 4
+        assert cancel_claimed(session, job_id, claimed, "w1") == 4
     redis.Redis.from_url(env["SPECQ_BROKER_URL"]).delete(CHUNK_QUEUE_KEY)
     result = invoke(["retry", job_id], env)
     assert result.exit_code == 0, result.output

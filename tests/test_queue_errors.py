@@ -108,7 +108,12 @@ def test_broker_down_stores_nothing(pg_db_url, tiny_pair, tmp_path) -> None:
 
 
 def test_database_down_every_command(redis_url, tiny_pair, tmp_path) -> None:
-    env = services_env("postgresql+psycopg://postgres:hunter2@127.0.0.1:1/specq", redis_url, tmp_path / "home")
+    env = services_env(
+        "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/specq",
+        redis_url,
+        tmp_path / "home",
+        SPECQ_OUTAGE_PATIENCE_S="0",  # no riding out the outage (tests/test_outages.py does)
+    )
     path = write_requests(tmp_path / "in.jsonl", [PLAIN])
     for args in (
         ["submit", path, "--target", tiny_pair[0]],

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from sqlalchemy import func, select
 
 from specq.db.models import Job, Request, Result
 from specq.db.session import open_database
-from tests.fleet_helpers import DRILL_ENV, restart_postgres, restart_redis, wait_for
+from tests.fleet_helpers import DRILL_ENV, freeze_a_worker_mid_chunk, restart_postgres, restart_redis, wait_for
 from tests.services import (
     REDIS_TEST_URL,
     SpecqWorker,
@@ -159,30 +158,9 @@ def test_worker_killed_mid_batch_matches_specq_run(fleet, reference, tiny_pair, 
     job_id = submit(env, tmp_path, lines, tiny_pair, "--batch-size", "2")
     db = open_database(env["SPECQ_DATABASE_URL"])
 
-    def running(session, owner: str | None = None) -> list[str]:
-        query = select(Request.lease_owner).where(Request.job_id == job_id, Request.state == "running")
-        return session.scalars(query if owner is None else query.where(Request.lease_owner == owner)).all()
-
-    def frozen_mid_chunk() -> SpecqWorker | None:
-        """The worker holding requests of the job while some of its results are stored, frozen (SIGSTOP)
-        so that it cannot finish its chunk before it is killed; None (and thawed) when it got there first."""
-        with db.session() as session:
-            owners = running(session)
-            done = session.scalar(
-                select(func.count()).select_from(Result).join(Request).where(Request.job_id == job_id)
-            )
-        if not owners or not 0 < (done or 0) < len(lines):
-            return None
-        victim = next(w for w in workers if owners[0].endswith(f":{w.proc.pid}"))
-        victim.proc.send_signal(signal.SIGSTOP)
-        time.sleep(0.3)  # what it had already sent the database is applied by now
-        with db.session() as session:
-            if running(session, owners[0]):
-                return victim
-        victim.proc.send_signal(signal.SIGCONT)
-        return None
-
-    victim = wait_for(frozen_mid_chunk, 60, "a worker mid-chunk", poll=0.02)
+    victim = wait_for(
+        lambda: freeze_a_worker_mid_chunk(db, job_id, workers, len(lines)), 60, "a worker mid-chunk", poll=0.02
+    )
     victim.stop(signal.SIGKILL)
     check_exactly_once(env, job_id, lines, reference)  # `specq run`'s outputs, exactly once
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import update
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
+from specq.db.locks import lock_job
 from specq.db.models import Job, Worker
 from specq.db.states import JobState, WorkerState
 from specq.db.types import utcnow
@@ -392,7 +393,7 @@ def _settle(ctx: WorkerContext, chunk: Chunk, unfinished: _Unfinished, cancelled
     counts = {"cancelled": 0, "released": 0}
     if unfinished.ids and cancelled:
         with ctx.db.session() as session:
-            counts["cancelled"] = cancel_claimed(session, sorted(unfinished.ids), ctx.config.name)
+            counts["cancelled"] = cancel_claimed(session, chunk[0], sorted(unfinished.ids), ctx.config.name)
     elif unfinished.ids:
         unstarted = sorted(unfinished.unstarted & unfinished.ids)
         counts["released"] = _give_back(ctx, chunk, sorted(unfinished.ids), unstarted)
@@ -446,7 +447,7 @@ def _claim(ctx: WorkerContext, chunk: Chunk) -> tuple[Job, list[ClaimedRequest]]
     job_id, first, end = chunk
     shared = ctx.shared
     with shared.lock, ctx.db.session() as session:
-        job = session.get(Job, job_id)
+        job = lock_job(session, job_id)  # a cancel or retry runs wholly before or after this claim
         if job is None:
             log.warning("job %s is gone; dropping chunk [%d, %d)", job_id, first, end)
             return None

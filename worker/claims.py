@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from specq.db.locks import lock_job
 from specq.db.models import Job, Request
 from specq.db.states import JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
@@ -54,7 +55,12 @@ def claim_chunk(
     Claimable: queued, or running under a lease that expired (its worker died) or that `owner` itself
     holds (this worker runs one chunk at a time, so a lease of its own is left from a run that died,
     e.g. a task redelivered after a crash of the process it ran in).
+
+    Under the job's row lock (`db.locks`): a job that is gone or cancelled has nothing to claim.
     """
+    job = lock_job(session, job_id)
+    if job is None or job.state == JobState.CANCELLED:
+        return []
     now = utcnow()
     stmt = (
         update(Request)
@@ -116,9 +122,17 @@ def renew_leases(session: Session, owner: str, lease_s: float, request_ids: Sequ
     return session.execute(stmt).rowcount  # type: ignore[attr-defined]
 
 
-def cancel_claimed(session: Session, request_ids: Sequence[int], owner: str) -> int:
-    """Give up requests this worker still holds because their job was cancelled."""
+def cancel_claimed(session: Session, job_id: str, request_ids: Sequence[int], owner: str) -> int:
+    """Give up requests this worker still holds because their job was cancelled; returns how many.
+
+    The worker saw the cancel at one of its writes; under the job's row lock it checks the job is still
+    cancelled. If it was retried since, the requests are left as they are (a request cancelled under a
+    job that runs again would never end, and neither would the job): their leases run out and a sweeper
+    queues them again."""
     if not request_ids:
+        return 0
+    job = lock_job(session, job_id)
+    if job is None or job.state != JobState.CANCELLED:
         return 0
     stmt = (
         update(Request)

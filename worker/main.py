@@ -17,9 +17,9 @@ import os
 import sys
 
 from specq.db.migrate import open_migrated
-from specq.db.session import mask_url
 from specq.errors import WorkerUnusableError
 from specq.jobs.services import check_broker
+from specq.masking import mask_url
 from specq.models.loading import resolve_device
 from specq.queue import CHUNK_QUEUE, QueueSettings
 from specq.worker.context import WorkerContext

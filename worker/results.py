@@ -2,7 +2,7 @@
 
 A result is written with `INSERT ... ON CONFLICT (request_id) DO NOTHING RETURNING`, so a request run
 twice (a lease that expired on a slow but living worker) keeps its first result, and only rows that
-were really inserted move the job's counters. The counter update takes the job's row lock; whoever sees
+were really inserted move the job's counters. The job's row is locked first; whoever sees
 completed + failed reach total ends the job, guarded by its state. No chord, no coordinator.
 """
 
@@ -16,6 +16,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from specq.db.locks import lock_job
 from specq.db.models import Batch, Job, Request, Result
 from specq.db.states import JobState, RequestState, job_sources
 from specq.db.types import utcnow
@@ -60,7 +61,10 @@ def _result_row(result: GenerationResult, worker: str) -> dict[str, Any]:
 
 
 def store_results(session: Session, job_id: str, results: Sequence[GenerationResult], worker: str) -> StoreOutcome:
-    """Write results (keyed by request id), mark their requests ended, count them, maybe end the job."""
+    """Write results (keyed by request id), mark their requests ended, count them, maybe end the job.
+
+    The job's row is locked first (`db.locks`), so a cancel or a retry runs wholly before or after."""
+    lock_job(session, job_id)
     rows = [_result_row(r, worker) for r in results]
     inserted = set(session.scalars(_insert_results(session).returning(Result.request_id), rows).all())
     fresh = [row for row in rows if row["request_id"] in inserted]
