@@ -45,6 +45,7 @@ def _rows(db: Database, job_id: str) -> Iterator[tuple[dict[str, Any], StoredRes
             Request.kind,
             Request.prompt,
             Request.messages,
+            Request.prompt_token_ids,
             Request.state,
             Result.completion,
             Result.token_ids,
@@ -63,7 +64,13 @@ def _rows(db: Database, job_id: str) -> Iterator[tuple[dict[str, Any], StoredRes
     )
     with db.engine.connect() as conn:
         for row in conn.execute(stmt):
-            request = {"id": row.custom_id, "kind": row.kind, "prompt": row.prompt, "messages": row.messages}
+            request = {
+                "id": row.custom_id,
+                "kind": row.kind,
+                "prompt": row.prompt,
+                "messages": row.messages,
+                "prompt_token_ids": row.prompt_token_ids,
+            }
             if row.status is None:
                 yield request, None, row.state
                 continue

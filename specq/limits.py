@@ -57,3 +57,6 @@ BATCH_SIZE = Limit(1, 65_536, description="sequences decoded together; a sanity 
 SAMPLING_MODES = ("exact", "reproducible")
 # `specq bench` compares speculation with target-only decoding: it needs K >= 1
 BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")
+# A prompt given as token ids: each fits a signed 32-bit integer (the tokenizer's vocabulary is checked
+# when the request is prepared)
+TOKEN_ID = Limit(0, 2**31 - 1, description="a token id; the vocabulary's size is checked per request later")
