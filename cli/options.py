@@ -33,6 +33,8 @@ from specq.errors import (
 )
 from specq.limits import (
     BATCH_SIZE,
+    INPUT_BYTES,
+    LINE_BYTES,
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
     SAMPLING_MODES,
@@ -218,13 +220,13 @@ def input_limit_options(command: Command) -> Command:
 
     decorated = click.option(
         "--max-input-bytes",
-        type=click.IntRange(min=1),
+        type=int_range(INPUT_BYTES),
         envvar="SPECQ_MAX_INPUT_BYTES",
         help="Refuse an input file larger than this. [env: SPECQ_MAX_INPUT_BYTES; default: 4 GiB]",
     )(with_input_limits)
     return click.option(
         "--max-line-bytes",
-        type=click.IntRange(min=1),
+        type=int_range(LINE_BYTES),
         envvar="SPECQ_MAX_LINE_BYTES",
         help="Report a line longer than this as bad input. [env: SPECQ_MAX_LINE_BYTES; default: 1 MiB]",
     )(decorated)

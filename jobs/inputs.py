@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -67,7 +68,18 @@ from specq.jobs.openai_fields import (
     MESSAGE_FIELDS,
     MESSAGE_NEUTRAL_FIELDS,
 )
-from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOKEN_ID, TOP_K, TOP_P, Limit
+from specq.limits import (
+    INPUT_BYTES,
+    LINE_BYTES,
+    MAX_STOP_STRINGS,
+    MAX_TOKENS,
+    SEED,
+    TEMPERATURE,
+    TOKEN_ID,
+    TOP_K,
+    TOP_P,
+    Limit,
+)
 
 RequestKind = Literal["completion", "chat"]
 
@@ -112,8 +124,8 @@ class InputLimits:
     max_file_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
-        if self.max_line_bytes < 1 or self.max_file_bytes < 1:
-            raise ValueError("max_line_bytes and max_file_bytes must be >= 1")
+        LINE_BYTES.check("max_line_bytes", self.max_line_bytes)
+        INPUT_BYTES.check("max_file_bytes", self.max_file_bytes)
 
     @classmethod
     def from_env(cls, max_line_bytes: int | None = None, max_file_bytes: int | None = None) -> InputLimits:
@@ -200,11 +212,12 @@ def _check_range(name: str, number: float, value: Any, limit: Limit) -> None:
         raise LineError(f'"{name}" must be {limit.text()}, got {_echo(value)}')
 
 
-def _check_number(name: str, value: Any) -> float:
+def _check_number(name: str, value: Any, limit: Limit) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise LineError(f'"{name}" must be a number, got {_type_name(value)}')
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise LineError(f'"{name}" must be a finite number, got {value}')
+    _check_range(name, value, value, limit)  # before float(): an integer past 1e308 does not convert
     return float(value)
 
 
@@ -228,9 +241,7 @@ def _check_override(key: str, name: str, value: Any) -> Any:
     if key in _INT_LIMITS:
         return _check_int(name, value, _INT_LIMITS[key])
     if key in _NUMBER_LIMITS:
-        number = _check_number(name, value)
-        _check_range(name, number, value, _NUMBER_LIMITS[key])
-        return number
+        return _check_number(name, value, _NUMBER_LIMITS[key])
     return _check_stop(name, value)  # "stop", the last of OVERRIDE_KEYS
 
 
@@ -431,6 +442,8 @@ def parse_line(raw: bytes, line: int) -> RequestSpec:
     except LineError:
         raise
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's own limit, against quadratic-time parsing
+            raise LineError(f"not valid JSON: an integer longer than {sys.get_int_max_str_digits()} digits") from None
         msg = getattr(exc, "msg", str(exc))
         col = getattr(exc, "colno", None)
         raise LineError(f"not valid JSON: {msg}" + (f" (column {col})" if col else "")) from None

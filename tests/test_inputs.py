@@ -379,6 +379,10 @@ def test_many_lines_stream(tmp_path: Path) -> None:
         ),
         ({"prompt": "a", "top_k": 2**63}, '"top_k" must be in [0, 2147483647], got 9223372036854775808'),
         ({"prompt": "a", "top_k": 2**31}, '"top_k" must be in [0, 2147483647], got 2147483648'),
+        # integers past a float's range are compared, never converted (that raised OverflowError)
+        ({"prompt": "a", "temperature": 10**400}, f'"temperature" must be in [0, 2], got {str(10**400)[:77]}...'),
+        ({"prompt": "a", "top_p": -(10**400)}, f'"top_p" must be in (0, 1], got {str(-(10**400))[:77]}...'),
+        ('{"prompt": "a", "seed": 1' + "0" * 5000 + "}", "not valid JSON: an integer longer than 4300 digits"),
     ],
 )
 def test_hostile_lines_are_line_errors(tmp_path: Path, line: object, message: str) -> None:
