@@ -143,7 +143,7 @@ _OPTIONS = [
         "--chat-template",
         type=click.Path(exists=True, dir_okay=False),
         help="A Jinja chat template file for chat lines, used instead of the tokenizer's own (needed when it has "
-        "none); stored with the job. [default: the target tokenizer's]",
+        "none); submit stores it with the job. [default: the target tokenizer's]",
     ),
 ]
 
