@@ -311,7 +311,7 @@ def _check_prompt(name: str, value: Any) -> str | tuple[int, ...]:
         return _check_text(name, value)
     if not value:
         raise LineError(f'"{name}" must not be empty')
-    if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+    if any(isinstance(item, int) and not isinstance(item, bool) for item in value):  # token ids, one checked each
         return _check_token_ids(name, value)
     if len(value) > 1:
         raise LineError(

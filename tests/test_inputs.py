@@ -134,6 +134,7 @@ def test_utf8_bom_and_unicode(tmp_path: Path) -> None:
         ({"prompt": []}, '"prompt" must not be empty'),
         ({"prompt": [[]]}, '"prompt[0]" must not be empty'),
         ({"prompt": [1, -1]}, '"prompt[1]" must be in [0, 2147483647], got -1'),
+        ({"prompt": [1, "a"]}, '"prompt[1]" must be a token id (an integer), got string'),
         ({"prompt": [[1, 2**31]]}, '"prompt[0][1]" must be in [0, 2147483647], got 2147483648'),
         ({"prompt": [[1, True]]}, '"prompt[0][1]" must be a token id (an integer), got boolean'),
         (
