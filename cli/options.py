@@ -33,6 +33,8 @@ from specq.errors import (
 )
 from specq.limits import (
     BATCH_SIZE,
+    INPUT_BYTES,
+    LINE_BYTES,
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
     SAMPLING_MODES,
@@ -77,6 +79,7 @@ GENERATION_PARAMS = (
     "batch_size",
     "device",
     "dtype",
+    "chat_template",
 )
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
@@ -137,6 +140,12 @@ _OPTIONS = [
         type=click.Choice(DTYPES, case_sensitive=False),
         help="Model weights' dtype. [default: float32 on CPU, bfloat16 on CUDA]",
     ),
+    click.option(
+        "--chat-template",
+        type=click.Path(exists=True, dir_okay=False),
+        help="A Jinja chat template file for chat lines, used instead of the tokenizer's own (needed when it has "
+        "none); submit stores it with the job. [default: the target tokenizer's]",
+    ),
 ]
 
 
@@ -166,6 +175,7 @@ class GenerationOptions:
     sampling: dict[str, Any]  # the job-wide SamplingParams fields given (max_tokens, temperature, ...)
     device: str | None  # None: cuda:0 if available, else cpu
     dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
+    chat_template: str | None  # the text of --chat-template; None: the tokenizer's own
 
 
 def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
@@ -174,6 +184,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
     A request's SamplingParams are then `jobs.params.sampling_params(generation.sampling, spec.overrides)`.
     """
     from specq.decoding.config import DecodingConfig
+    from specq.jobs.chat_template import load_chat_template
 
     decoding: dict[str, Any] = {"fixed_k": bool(values["fixed_k"])}
     if values["num_speculative_tokens"] is not None:
@@ -184,7 +195,8 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         decoding["sampling"] = values["sampling"].lower()
     try:
         config = DecodingConfig(**decoding)
-    except ValueError as exc:
+        chat_template = None if values["chat_template"] is None else load_chat_template(values["chat_template"])
+    except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     return GenerationOptions(
         target=values["target"],
@@ -193,6 +205,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         sampling={k: values[k] for k in SAMPLING_PARAMS if values[k] is not None},
         device=values["device"] or None,
         dtype=values["dtype"].lower() if values["dtype"] else None,
+        chat_template=chat_template,
     )
 
 
@@ -208,13 +221,13 @@ def input_limit_options(command: Command) -> Command:
 
     decorated = click.option(
         "--max-input-bytes",
-        type=click.IntRange(min=1),
+        type=int_range(INPUT_BYTES),
         envvar="SPECQ_MAX_INPUT_BYTES",
         help="Refuse an input file larger than this. [env: SPECQ_MAX_INPUT_BYTES; default: 4 GiB]",
     )(with_input_limits)
     return click.option(
         "--max-line-bytes",
-        type=click.IntRange(min=1),
+        type=int_range(LINE_BYTES),
         envvar="SPECQ_MAX_LINE_BYTES",
         help="Report a line longer than this as bad input. [env: SPECQ_MAX_LINE_BYTES; default: 1 MiB]",
     )(decorated)

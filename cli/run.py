@@ -17,13 +17,14 @@ if TYPE_CHECKING:
 
 
 @cli.command("run")
-@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False))
+@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option(
     "-o",
     "--output",
     "output_path",
     type=click.Path(dir_okay=False, writable=True),
-    help="Where to write one JSON line per input line, in input order. [default: INPUT.out.jsonl; - for stdout]",
+    help="Where to write one JSON line per input line, in input order. "
+    "[default: INPUT.out.jsonl, stdout for INPUT -; - for stdout]",
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr. [default: when it is a terminal]")
 @generation_options
@@ -35,19 +36,19 @@ def run(
     generation: GenerationOptions,
     input_limits: InputLimits,
 ) -> None:
-    """Generate for every request of INPUT.jsonl here and now, and write the results.
+    """Generate for every request of INPUT.jsonl (- for standard input) here and now, and write the results.
 
     Exit 0 when every request completed, 1 when any failed (its line then carries the error).
     """
     from specq.jobs.local_run import default_output_path, run_file
 
-    path = output_path or str(default_output_path(input_path))
+    path = output_path or default_output_path(input_path)
     show = sys.stderr.isatty() if progress is None else progress
     with specq_errors(), _RunProgress(show) as bar:
         summary = run_file(
             input_path,
             path,
-            **vars(generation),  # target, draft, decoding, sampling, device, dtype
+            **vars(generation),  # target, draft, decoding, sampling, device, dtype, chat_template
             on_start=bar.start,
             on_progress=bar.progress_of,
             limits=input_limits,

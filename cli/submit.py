@@ -36,7 +36,7 @@ def _summary(status: dict[str, Any]) -> None:
 
 
 @cli.command("submit")
-@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False))
+@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @generation_options
 @click.option(
     "--wait", is_flag=True, help="Show a progress bar on stderr and return when the job ends (exit 1 if it failed)."
@@ -60,7 +60,7 @@ def submit(
     generation: GenerationOptions,
     input_limits: InputLimits,
 ) -> None:
-    """Validate the whole file, store the job and enqueue it; print the job id.
+    """Validate the whole file (- for standard input, read once), store the job and enqueue it; print the job id.
 
     With no broker (no --broker-url, no SPECQ_BROKER_URL) the job runs here, in this process, through
     the workers' own code, and is stored in the database all the same.
@@ -78,6 +78,7 @@ def submit(
             device=generation.device,
             dtype=generation.dtype,
             max_attempts=max_attempts,
+            chat_template=generation.chat_template,
         )
         submitted = submit_job(input_path, spec, database_url=database_url, broker=broker, limits=input_limits)
     click.echo(submitted.job_id)

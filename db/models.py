@@ -67,6 +67,7 @@ class Request(Base):
     kind: Mapped[str] = mapped_column(String(16))  # "completion" | "chat"
     prompt: Mapped[str | None] = mapped_column(Text)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    prompt_token_ids: Mapped[list[int] | None] = mapped_column(JSONType)  # a completion prompt given as ids
     overrides: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the sampling settings the line set
     state: Mapped[str] = mapped_column(String(16), default=RequestState.QUEUED)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far

@@ -48,6 +48,7 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Request.kind,
             Request.prompt,
             Request.messages,
+            Request.prompt_token_ids,
             Request.state,
             Result.completion,
             Result.token_ids,
@@ -80,7 +81,13 @@ def _rows(
         read = functools.partial(_page, db, job_id, after)
         page = patient(read) if patient else read()
         for row in page:
-            request = {"id": row.custom_id, "kind": row.kind, "prompt": row.prompt, "messages": row.messages}
+            request = {
+                "id": row.custom_id,
+                "kind": row.kind,
+                "prompt": row.prompt,
+                "messages": row.messages,
+                "prompt_token_ids": row.prompt_token_ids,
+            }
             if row.status is None:
                 yield request, None, row.state
                 continue

@@ -7,10 +7,15 @@ Each non-blank line is one request, in either form (mixed freely):
   request, rendered with the target's chat template). Unknown keys are errors, so a typo such as
   ``max_token`` is reported instead of being silently ignored.
 - OpenAI Batch API: ``{"custom_id": "q1", "method": "POST", "url": "/v1/completions" or
-  "/v1/chat/completions", "body": {...}}``; the prompt (or ``messages``) and the overrides are read from
-  ``body``. ``body.model`` is ignored (the job's target model is used), as are ``user``, ``metadata``
-  and ``store``; ``n`` may only be 1 and ``stream`` only false; ``max_completion_tokens`` is accepted as
-  ``max_tokens``. Any other body field is an error, as specq could not honour it.
+  "/v1/chat/completions", "body": {...}}``; the prompt (or ``messages``) and the settings are read from
+  ``body``. Every body field the endpoint defines is accepted: what specq does with each (honour it,
+  ignore it, or accept only its neutral value) is the table of jobs.openai_fields. A field the endpoint
+  does not define is an error.
+
+Prompts: a completion ``prompt`` is a string or token ids, or an array of one of them (several prompts
+are refused: put each on its own line). Chat ``messages`` have a ``role`` (``developer`` is read as
+``system``; ``tool`` and ``function`` are refused), a ``content`` that is a string or an array of
+``{"type": "text"}`` parts (joined with newlines, as vLLM does), and may have a ``name``.
 
 Decisions, so callers and users can rely on them:
 
@@ -23,10 +28,10 @@ Decisions, so callers and users can rely on them:
 - Ranges are specq.limits': ``max_tokens`` an integer in [1, 1,000,000] (the model's context is checked
   later, per request), ``temperature`` a number in [0, 2] (OpenAI's range; one below
   ``MIN_SAMPLING_TEMPERATURE``, 1e-5, is decoded greedily, as 0), ``top_p`` in (0, 1], ``top_k``
-  an integer in [0, 2**31 - 1], ``seed`` an integer in [0, 2**63), ``stop`` a non-empty string or a list of at most 4
-  of them. Booleans are not numbers.
-- Prompts and message contents are non-empty strings; NUL characters and lone surrogates are refused
-  because the results store cannot hold them.
+  an integer in [0, 2**31 - 1], ``seed`` an integer in [0, 2**63), ``stop`` a non-empty string or a
+  list of at most 4 of them. Booleans are not numbers.
+- Prompts, message contents and names are non-empty strings; NUL characters and lone surrogates are
+  refused because the results store cannot hold them. Token ids are integers in [0, 2**31 - 1].
 
 Every bad line is reported, as ``INPUT:LINE: what is wrong`` (INPUT is the path as the user gave it), in
 one ``BadInputError`` raised once the whole file has been read.
@@ -45,8 +50,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,22 +60,39 @@ import numpy as np
 import orjson
 
 from specq.errors import BadInputError
-from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P, Limit
+from specq.jobs.openai_fields import (
+    BODY_FIELDS,
+    CHAT_URL,
+    COMPLETIONS_URL,
+    CONTENT_PART_FIELDS,
+    MESSAGE_FIELDS,
+    MESSAGE_NEUTRAL_FIELDS,
+)
+from specq.limits import (
+    INPUT_BYTES,
+    LINE_BYTES,
+    MAX_STOP_STRINGS,
+    MAX_TOKENS,
+    SEED,
+    TEMPERATURE,
+    TOKEN_ID,
+    TOP_K,
+    TOP_P,
+    Limit,
+)
 
 RequestKind = Literal["completion", "chat"]
 
 OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-CHAT_ROLES = frozenset({"system", "user", "assistant"})
-COMPLETIONS_URL = "/v1/completions"
-CHAT_URL = "/v1/chat/completions"
+# role -> the role the chat template sees: OpenAI's `developer` is the system prompt of newer models
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+TOOL_ROLES = frozenset({"tool", "function"})
+_ROLES_TEXT = ", ".join(f'"{role}"' for role in CHAT_ROLES)
 
 _OVERRIDE_SET = frozenset(OVERRIDE_KEYS)
 _PLAIN_KEYS = frozenset({"id", "prompt", "messages", *OVERRIDE_KEYS})
 _OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
-_BODY_IGNORED = frozenset({"model", "user", "metadata", "store"})  # harmless: accepted and ignored
-_BODY_KEYS = frozenset({"prompt", "messages", "n", "stream", "max_completion_tokens", *OVERRIDE_KEYS})
-_BODY_ALLOWED = _BODY_KEYS | _BODY_IGNORED
-_MESSAGE_KEYS = frozenset({"role", "content"})
+_MESSAGE_KEYS = MESSAGE_FIELDS | MESSAGE_NEUTRAL_FIELDS
 MAX_LINE_ENV = "SPECQ_MAX_LINE_BYTES"
 MAX_INPUT_ENV = "SPECQ_MAX_INPUT_BYTES"
 # `keys() <= frozenset` compares without building a set: the checks below run once per line
@@ -86,9 +109,10 @@ class RequestSpec:
     line: int  # 1-based line number in the input file
     id: str  # `id` or `custom_id`, or the line number when a plain line has none
     kind: RequestKind
-    prompt: str | None  # set for "completion" requests
-    messages: list[dict] | None  # set for "chat" requests: [{"role": ..., "content": ...}, ...]
+    prompt: str | None  # set for "completion" requests given as text
+    messages: list[dict] | None  # set for "chat" requests: [{"role": ..., "content": ..., "name"?}, ...]
     overrides: dict
+    prompt_token_ids: tuple[int, ...] | None = None  # set for "completion" requests given as token ids
 
 
 @dataclass(frozen=True)
@@ -100,8 +124,8 @@ class InputLimits:
     max_file_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
-        if self.max_line_bytes < 1 or self.max_file_bytes < 1:
-            raise ValueError("max_line_bytes and max_file_bytes must be >= 1")
+        LINE_BYTES.check("max_line_bytes", self.max_line_bytes)
+        INPUT_BYTES.check("max_file_bytes", self.max_file_bytes)
 
     @classmethod
     def from_env(cls, max_line_bytes: int | None = None, max_file_bytes: int | None = None) -> InputLimits:
@@ -188,11 +212,12 @@ def _check_range(name: str, number: float, value: Any, limit: Limit) -> None:
         raise LineError(f'"{name}" must be {limit.text()}, got {_echo(value)}')
 
 
-def _check_number(name: str, value: Any) -> float:
+def _check_number(name: str, value: Any, limit: Limit) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise LineError(f'"{name}" must be a number, got {_type_name(value)}')
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise LineError(f'"{name}" must be a finite number, got {value}')
+    _check_range(name, value, value, limit)  # before float(): an integer past 1e308 does not convert
     return float(value)
 
 
@@ -216,10 +241,50 @@ def _check_override(key: str, name: str, value: Any) -> Any:
     if key in _INT_LIMITS:
         return _check_int(name, value, _INT_LIMITS[key])
     if key in _NUMBER_LIMITS:
-        number = _check_number(name, value)
-        _check_range(name, number, value, _NUMBER_LIMITS[key])
-        return number
+        return _check_number(name, value, _NUMBER_LIMITS[key])
     return _check_stop(name, value)  # "stop", the last of OVERRIDE_KEYS
+
+
+def _check_content(name: str, value: Any) -> str:
+    """A message's content: a string, or an array of text parts joined with newlines (as vLLM joins them)."""
+    if not isinstance(value, list):
+        return _check_text(name, value)
+    if not value:
+        raise LineError(f'"{name}" must not be empty')
+    texts = []
+    for i, part in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(part, dict):
+            raise LineError(f'"{where}" must be an object, got {_type_name(part)}')
+        if part.get("type") != "text":
+            raise LineError(f'"{where}.type" must be "text" (specq reads text only), got {_echo(part.get("type"))}')
+        if not part.keys() <= CONTENT_PART_FIELDS:
+            raise LineError(f'"{where}" has unsupported field {_first_key(part.keys() - CONTENT_PART_FIELDS)}')
+        texts.append(_check_text(f"{where}.text", part.get("text")))
+    return "\n".join(texts)
+
+
+def _check_message(where: str, message: Any) -> dict[str, str]:
+    if not isinstance(message, dict):
+        raise LineError(f'"{where}" must be an object, got {_type_name(message)}')
+    if not message.keys() <= _MESSAGE_KEYS:
+        raise LineError(f'"{where}" has unsupported field {_first_key(message.keys() - _MESSAGE_KEYS)}')
+    if "role" not in message:
+        raise LineError(f'"{where}" is missing "role"')
+    role = message["role"]
+    if isinstance(role, str) and role in TOOL_ROLES:
+        raise LineError(f'"{where}.role" {_echo(role)} is not supported: specq calls no tools')
+    if not isinstance(role, str) or role not in CHAT_ROLES:  # an array or object is not hashable
+        raise LineError(f'"{where}.role" must be one of {_ROLES_TEXT}, got {_echo(role)}')
+    for key in MESSAGE_NEUTRAL_FIELDS & message.keys():
+        if message[key] not in (None, []):
+            raise LineError(f'"{where}.{key}" is not supported: specq calls no tools and reads text only')
+    if "content" not in message:
+        raise LineError(f'"{where}" is missing "content"')
+    checked = {"role": CHAT_ROLES[role], "content": _check_content(f"{where}.content", message["content"])}
+    if "name" in message:
+        checked["name"] = _check_text(f"{where}.name", message["name"])
+    return checked
 
 
 def _check_messages(name: str, value: Any) -> list[dict]:
@@ -227,33 +292,60 @@ def _check_messages(name: str, value: Any) -> list[dict]:
         raise LineError(f'"{name}" must be an array, got {_type_name(value)}')
     if not value:
         raise LineError(f'"{name}" must not be empty')
-    messages = []
-    for i, message in enumerate(value):
-        where = f"{name}[{i}]"
-        if not isinstance(message, dict):
-            raise LineError(f'"{where}" must be an object, got {_type_name(message)}')
-        if not message.keys() <= _MESSAGE_KEYS:
-            raise LineError(f'"{where}" has unsupported field {_first_key(message.keys() - _MESSAGE_KEYS)}')
-        if "role" not in message:
-            raise LineError(f'"{where}" is missing "role"')
-        if "content" not in message:
-            raise LineError(f'"{where}" is missing "content"')
-        role = message["role"]
-        if not isinstance(role, str) or role not in CHAT_ROLES:  # an array or object is not hashable
-            raise LineError(f'"{where}.role" must be one of "system", "user", "assistant", got {_echo(role)}')
-        messages.append({"role": role, "content": _check_text(f"{where}.content", message["content"])})
-    return messages
+    return [_check_message(f"{name}[{i}]", message) for i, message in enumerate(value)]
 
 
-def _read_prompt(obj: dict, prefix: str) -> tuple[RequestKind, str | None, list[dict] | None]:
+def _check_token_ids(name: str, value: list) -> tuple[int, ...]:
+    for i, token in enumerate(value):
+        if not isinstance(token, int) or isinstance(token, bool):
+            raise LineError(f'"{name}[{i}]" must be a token id (an integer), got {_type_name(token)}')
+        _check_range(f"{name}[{i}]", token, token, TOKEN_ID)
+    return tuple(value)
+
+
+def _check_prompt(name: str, value: Any) -> str | tuple[int, ...]:
+    """A completion prompt: a string or token ids, alone or as the one item of an array (OpenAI's
+    batched form). Several prompts are refused: OpenAI makes one choice per prompt, and a line of
+    specq is one request, so each prompt goes on its own line."""
+    if not isinstance(value, list):
+        return _check_text(name, value)
+    if not value:
+        raise LineError(f'"{name}" must not be empty')
+    if any(isinstance(item, int) and not isinstance(item, bool) for item in value):  # token ids, one checked each
+        return _check_token_ids(name, value)
+    if len(value) > 1:
+        raise LineError(
+            f'"{name}" holds {len(value)} prompts; specq takes one a line (OpenAI answers each prompt '
+            "apart): give each prompt its own line"
+        )
+    (item,) = value
+    if isinstance(item, list):
+        if not item:
+            raise LineError(f'"{name}[0]" must not be empty')
+        return _check_token_ids(f"{name}[0]", item)
+    return _check_text(f"{name}[0]", item)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    kind: RequestKind
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+def _read_prompt(obj: dict, prefix: str) -> _Prompt:
     has_prompt, has_messages = "prompt" in obj, "messages" in obj
     if has_prompt and has_messages:
         raise LineError(f'has both "{prefix}prompt" and "{prefix}messages"; give one')
     if has_messages:
-        return "chat", None, _check_messages(f"{prefix}messages", obj["messages"])
+        return _Prompt("chat", messages=_check_messages(f"{prefix}messages", obj["messages"]))
     if not has_prompt:
         raise LineError(f'missing "{prefix}prompt"')
-    return "completion", _check_text(f"{prefix}prompt", obj["prompt"]), None
+    prompt = _check_prompt(f"{prefix}prompt", obj["prompt"])
+    if isinstance(prompt, str):
+        return _Prompt("completion", prompt=prompt)
+    return _Prompt("completion", token_ids=prompt)
 
 
 def _read_overrides(obj: dict, prefix: str) -> dict:
@@ -264,12 +356,28 @@ def _read_overrides(obj: dict, prefix: str) -> dict:
     return overrides
 
 
+def _spec(line: int, request_id: str, prompt: _Prompt, overrides: dict) -> RequestSpec:
+    return RequestSpec(line, request_id, prompt.kind, prompt.prompt, prompt.messages, overrides, prompt.token_ids)
+
+
 def _parse_plain(obj: dict, line: int) -> RequestSpec:
     if not obj.keys() <= _PLAIN_KEYS:
         raise LineError(f"unknown field {_first_key(obj.keys() - _PLAIN_KEYS)}")
     request_id = _check_id("id", obj["id"]) if "id" in obj else str(line)
-    kind, prompt, messages = _read_prompt(obj, "")
-    return RequestSpec(line, request_id, kind, prompt, messages, _read_overrides(obj, ""))
+    return _spec(line, request_id, _read_prompt(obj, ""), _read_overrides(obj, ""))
+
+
+def _check_body_fields(body: dict, url: str) -> None:
+    """Every field is one `url` defines; one specq cannot honour is at its neutral value (openai_fields)."""
+    for key, value in body.items():
+        field = BODY_FIELDS.get(key)
+        if field is None or url not in field.endpoints:
+            raise LineError(f"{_echo('body.' + key)} is not a field of {url}")
+        if field.neutral is not None and not field.neutral(value, body):
+            raise LineError(
+                f"{_echo('body.' + key)} is not supported: specq accepts it only as {field.neutral_text}, "
+                f"got {_echo(value)}"
+            )
 
 
 def _parse_openai(obj: dict, line: int) -> RequestSpec:
@@ -288,18 +396,11 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
     body = obj["body"]
     if not isinstance(body, dict):
         raise LineError(f'"body" must be an object, got {_type_name(body)}')
-    if not body.keys() <= _BODY_ALLOWED:
-        raise LineError(f"{_first_key(body.keys() - _BODY_ALLOWED, 'body.')} is not supported")
-    if body.get("n", 1) != 1:
-        raise LineError(f'"body.n" must be 1, got {_echo(body["n"])}')
-    if body.get("stream") not in (None, False):
-        raise LineError('"body.stream" must be false')
     expected = "messages" if url == CHAT_URL else "prompt"
     if expected not in body:
         raise LineError(f'missing "body.{expected}" (required by {url})')
-    kind, prompt, messages = _read_prompt(body, "body.")
-    if (kind == "chat") != (url == CHAT_URL):
-        raise LineError(f'"body.prompt" does not belong to {url}; use "body.messages"')
+    _check_body_fields(body, url)
+    prompt = _read_prompt(body, "body.")
     overrides = _read_overrides(body, "body.")
     if body.get("max_completion_tokens") is not None:
         if "max_tokens" in overrides:
@@ -307,7 +408,7 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
         overrides["max_tokens"] = _check_override(
             "max_tokens", "body.max_completion_tokens", body["max_completion_tokens"]
         )
-    return RequestSpec(line, request_id, kind, prompt, messages, overrides)
+    return _spec(line, request_id, prompt, overrides)
 
 
 MAX_JSON_DEPTH = 1024  # orjson's limit: arrays and objects nested deeper are refused
@@ -341,6 +442,8 @@ def parse_line(raw: bytes, line: int) -> RequestSpec:
     except LineError:
         raise
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's own limit, against quadratic-time parsing
+            raise LineError(f"not valid JSON: an integer longer than {sys.get_int_max_str_digits()} digits") from None
         msg = getattr(exc, "msg", str(exc))
         col = getattr(exc, "colno", None)
         raise LineError(f"not valid JSON: {msg}" + (f" (column {col})" if col else "")) from None
@@ -366,13 +469,23 @@ def _lines(f: Any, max_line: int) -> Iterator[tuple[int, bytes | None]]:
         yield number, None
 
 
+Refusal = Callable[[RequestSpec], str | None]  # what is wrong with a good line in this job, or None
+
+
 class _Scan:
     """One streaming read of the file: yields good specs, collects problems and id hashes."""
 
-    def __init__(self, path: str | os.PathLike[str], limits: InputLimits | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        limits: InputLimits | None = None,
+        name: str | None = None,
+        refuse: Refusal | None = None,
+    ) -> None:
         self.path = path
-        self.name = os.fspath(path)
+        self.name = os.fspath(path) if name is None else name
         self.limits = limits or InputLimits.from_env()
+        self.refuse = refuse
         self.problems: list[tuple[int, str]] = []
         self.id_hashes = array("q")  # hash(id) of each good line: 8 bytes a line, whatever its size
 
@@ -405,6 +518,9 @@ class _Scan:
                     problems.append((number, str(exc)))
                     continue
                 hashes.append(hash(spec.id))
+                if self.refuse is not None and (refusal := self.refuse(spec)) is not None:
+                    problems.append((number, refusal))
+                    continue
                 yield spec
 
     def finish(self) -> None:
@@ -440,20 +556,35 @@ class _Scan:
         return found
 
 
-def iter_request_specs(path: str | os.PathLike[str], limits: InputLimits | None = None) -> Iterator[RequestSpec]:
+def iter_request_specs(
+    path: str | os.PathLike[str],
+    limits: InputLimits | None = None,
+    *,
+    name: str | None = None,
+    refuse: Refusal | None = None,
+) -> Iterator[RequestSpec]:
     """Stream the good requests of `path`; at the end raise BadInputError listing every bad line.
 
     Good lines are yielded before the file is known to be good; call `validate_file` first when nothing
-    may happen unless the whole file is good. `limits`: None reads them from the environment.
+    may happen unless the whole file is good. `limits`: None reads them from the environment. `name`:
+    the input as messages name it (default: `path`). `refuse`: what this job cannot run of a good line
+    (a chat line without a chat template), reported like a bad line.
     """
-    scan = _Scan(path, limits)
+    scan = _Scan(path, limits, name, refuse)
     yield from scan
     scan.finish()
 
 
-def validate_file(path: str | os.PathLike[str], limits: InputLimits | None = None) -> int:
-    """Read the whole file once and return its number of requests; raise BadInputError if any line is bad."""
-    scan = _Scan(path, limits)
+def validate_file(
+    path: str | os.PathLike[str],
+    limits: InputLimits | None = None,
+    *,
+    name: str | None = None,
+    refuse: Refusal | None = None,
+) -> int:
+    """Read the whole file once and return its number of requests; raise BadInputError if any line is bad
+    (`name` and `refuse` as for `iter_request_specs`)."""
+    scan = _Scan(path, limits, name, refuse)
     count = sum(1 for _ in scan)
     scan.finish()
     return count

@@ -7,9 +7,11 @@ input order as soon as every earlier line is written, so memory stays flat in th
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from typing import Any
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.jobs.chat_template import refuse_chat_without_template
+from specq.jobs.input_source import STDIN, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs, validate_file
 from specq.jobs.output_file import open_output
 from specq.jobs.outputs import result_record
@@ -46,17 +50,25 @@ def run_file(
     sampling: dict[str, Any],
     device: str | None,
     dtype: str | None,
+    chat_template: str | None = None,
     on_start: Callable[[int], None] = lambda total: None,
     on_progress: Progress = lambda done, stats: None,
     limits: InputLimits | None = None,
 ) -> RunSummary:
-    """Generate for every line of `input_path` and write one JSON line per request to `output_path`
-    ("-": stdout), as jobs.output_file writes: nothing is written, and an existing file is left as it
-    was, unless the whole input is good and the run ends."""
-    from specq.models.loading import load_pair, resolve_device
+    """Generate for every line of `input_path` ("-": stdin) and write one JSON line per request to
+    `output_path` ("-": stdout), as jobs.output_file writes: nothing is written, and an existing file is
+    left as it was, unless the whole input is good and the run ends. Chat lines are rendered with
+    `chat_template`, else the target tokenizer's own (none: they are refused as bad lines)."""
+    from specq.models.loading import has_chat_template, load_pair, load_tokenizer, resolve_device
 
-    total = validate_file(input_path, limits)
-    with open_output(output_path) as output:
+    def template_missing() -> bool:
+        return not has_chat_template(load_tokenizer(target))
+
+    refuse = None if chat_template else refuse_chat_without_template(target, functools.cache(template_missing))
+    with ExitStack() as cleanup:  # the spool (if any) outlives the output, which is renamed into place first
+        source = cleanup.enter_context(readable_input(input_path, limits))
+        total = validate_file(source.path, limits, name=source.name, refuse=refuse)
+        output = cleanup.enter_context(open_output(output_path))
         on_start(total)
         pair = load_pair(target, draft, resolve_device(device), dtype)
         from specq.decoding.engine import SpeculativeEngine
@@ -67,9 +79,9 @@ def run_file(
         early_failures: dict[int, GenerationResult] = {}
 
         def requests() -> Iterator[GenerationRequest]:
-            for key, spec in enumerate(iter_request_specs(input_path, limits)):
+            for key, spec in enumerate(iter_request_specs(source.path, limits, name=source.name)):
                 ids[key] = spec.id
-                request = engine_request(key, spec, pair.tokenizer, sampling)
+                request = engine_request(key, spec, pair.tokenizer, sampling, chat_template)
                 if isinstance(request, GenerationResult):
                     early_failures[key] = request
                 else:
@@ -102,6 +114,9 @@ def run_file(
         return summary
 
 
-def default_output_path(input_path: str) -> Path:
+def default_output_path(input_path: str) -> str:
+    """INPUT.out.jsonl beside the input; standard output for standard input."""
+    if input_path == STDIN:
+        return STDIN
     path = Path(input_path)
-    return path.with_name(path.stem + ".out.jsonl")
+    return str(path.with_name(path.stem + ".out.jsonl"))

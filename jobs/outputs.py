@@ -138,9 +138,11 @@ def openai_record(request: RequestLike, result: ResultLike | None, *, model: str
 
 
 def prompt_text(request: RequestLike) -> str:
-    """The prompt as one string: the text itself, or for chat requests the JSON of the messages."""
+    """The prompt as one string: the text itself, or the JSON of chat messages or of prompt token ids."""
     if _field(request, "kind") == "chat":
         return json.dumps(_field(request, "messages"), ensure_ascii=False)
+    if _field(request, "prompt") is None and _field(request, "prompt_token_ids") is not None:
+        return json.dumps(_field(request, "prompt_token_ids"))
     return _field(request, "prompt") or ""
 
 

@@ -7,6 +7,7 @@ A line's overrides win over the job's defaults, which win over SamplingParams' o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specq.decoding.config import DecodingConfig
@@ -49,19 +50,40 @@ class PromptLine(Protocol):
     def messages(self) -> list[dict[str, Any]] | None: ...  # set for chat requests
 
     @property
+    def prompt_token_ids(self) -> Sequence[int] | None: ...  # set for completion requests given as ids
+
+    @property
     def overrides(self) -> dict[str, Any]: ...  # the line's own sampling settings
 
 
 def engine_request(
-    key: int, line: PromptLine, tokenizer: PreTrainedTokenizerBase, defaults: dict[str, Any]
+    key: int,
+    line: PromptLine,
+    tokenizer: PreTrainedTokenizerBase,
+    defaults: dict[str, Any],
+    chat_template: str | None = None,
 ) -> GenerationRequest | GenerationResult:
-    """The engine request for one line: its prompt tokenized, its sampling settings resolved over the
-    job's `defaults`. A line that cannot be prepared fails alone: its failed result is returned."""
+    """The engine request for one line: its prompt tokenized (chat messages with `chat_template`, else
+    the tokenizer's own), its sampling settings resolved over the job's `defaults`. A line that cannot be
+    prepared fails alone: its failed result is returned."""
     from specq.models.loading import tokenize_prompt
 
     try:
         params = sampling_params(defaults, line.overrides)
-        prompt_ids = tokenize_prompt(tokenizer, prompt=line.prompt, messages=line.messages)
+        if line.prompt_token_ids is not None:
+            prompt_ids = _in_vocabulary(line.prompt_token_ids, len(tokenizer))
+        else:
+            prompt_ids = tokenize_prompt(
+                tokenizer, prompt=line.prompt, messages=line.messages, chat_template=chat_template
+            )
     except Exception as exc:  # a chat template that fails to render, settings out of range, ...
         return GenerationResult.failed(key, f"cannot prepare the request: {exc}")
     return GenerationRequest(key, tuple(prompt_ids), params)
+
+
+def _in_vocabulary(token_ids: Sequence[int], vocabulary: int) -> Sequence[int]:
+    """Prompt token ids as given, once each is known to be a token of the tokenizer."""
+    outside = next((token for token in token_ids if not 0 <= token < vocabulary), None)
+    if outside is not None:
+        raise ValueError(f"prompt token id {outside} is outside the tokenizer's vocabulary of {vocabulary}")
+    return token_ids

@@ -12,7 +12,19 @@ from sqlalchemy.orm import Session
 from specq.db.states import RequestState
 from specq.jobs.inputs import RequestSpec
 
-COLUMNS = ("job_id", "seq", "line", "custom_id", "kind", "prompt", "messages", "overrides", "state", "attempts")
+COLUMNS = (
+    "job_id",
+    "seq",
+    "line",
+    "custom_id",
+    "kind",
+    "prompt",
+    "messages",
+    "prompt_token_ids",
+    "overrides",
+    "state",
+    "attempts",
+)
 SQLITE_BATCH = 10_000  # rows per executemany call
 
 
@@ -31,6 +43,7 @@ def _rows(job_id: str, specs: Iterable[RequestSpec]) -> Iterator[tuple[Any, ...]
             spec.kind,
             spec.prompt,
             None if spec.messages is None else _dumps(spec.messages),
+            None if spec.prompt_token_ids is None else _dumps(spec.prompt_token_ids),
             _dumps(spec.overrides) if spec.overrides else "{}",  # `stop`, a tuple, becomes a JSON list
             queued,
             0,

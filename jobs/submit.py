@@ -2,13 +2,15 @@
 
 Order matters, so that a bad file or a bad model leaves nothing behind:
 
-1. start the model check (tokenizers and configs: a missing model, a draft with another vocabulary;
-   `jobs.model_check`), in a child process on the second core while this one reads the file, unless
-   these model folders passed it before;
+1. start the model check (tokenizers and configs: a missing model, a draft with another vocabulary,
+   whether the target has a chat template; `jobs.model_check`), in a child process on the second core
+   while this one reads the file, unless these model folders passed it before; an input that can be
+   read only once (standard input, a pipe) is spooled to a temporary file (`jobs.input_source`);
 2. reach the database and the broker: a service that is down fails now, before anything is written;
 3. one transaction: the job row, then every request streamed from one read of the file (COPY on
    PostgreSQL). Bad lines are collected while reading; if there was any, the transaction is rolled
-   back and every bad line reported: nothing stored, nothing enqueued. A failed model check stops the
+   back and every bad line reported (chat lines too, when the target has no chat template and the
+   job none of its own): nothing stored, nothing enqueued. A failed model check stops the
    read as soon as it is known, and wins over bad lines; the transaction commits only after it passed;
 4. enqueue one task per chunk; if the broker fails half way the job is deleted again.
 
@@ -20,7 +22,6 @@ in the file's size: the read streams, and the duplicate-id check keeps 8 bytes a
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,9 @@ from specq.db.session import Database
 from specq.db.states import JobState
 from specq.db.types import utcnow
 from specq.errors import BadInputError, ServiceUnavailableError
+from specq.jobs.chat_template import refuse_chat_without_template
 from specq.jobs.enqueue import enqueue_chunks, job_chunks
+from specq.jobs.input_source import InputSource, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
 from specq.jobs.services import check_broker
@@ -54,6 +57,7 @@ class JobSpec:
     sampling: dict[str, Any]  # the job's default sampling settings (only those given)
     device: str | None = None  # for the in-process run; queue workers use their own device
     dtype: str | None = None
+    chat_template: str | None = None  # `--chat-template`'s text: workers render chat lines with it
     # a request whose worker died this many times while running it fails instead of running again
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
@@ -69,6 +73,7 @@ class JobSpec:
             "dtype": self.dtype,
             "chunk_size": chunk_size,
             "max_attempts": self.max_attempts,
+            "chat_template": self.chat_template,
         }
 
 
@@ -97,13 +102,15 @@ def submit_job(
     """Check, store (validating as it reads) and enqueue; see the module docstring. Raises
     ModelLoadError (whatever else failed), else ServiceUnavailableError, else BadInputError (every bad
     line)."""
-    name = os.fspath(input_path)
-    with ModelCheck(spec.target, spec.draft, skip=models_checked) as models:
+    with (
+        ModelCheck(spec.target, spec.draft, skip=models_checked) as models,
+        readable_input(input_path, limits) as source,
+    ):
         db = open_migrated(database_url)
         if broker is not None:
             check_broker(broker)
-        job_id, total, chunk_size = _store(db, name, input_path, spec, broker, limits, models)
-    log.info("job %s: stored %d requests from %s", job_id, total, name)
+        job_id, total, chunk_size = _store(db, source, spec, broker, limits, models)
+    log.info("job %s: stored %d requests from %s", job_id, total, source.name)
 
     chunks = list(job_chunks(job_id, total, chunk_size))
     if broker is not None:
@@ -118,8 +125,7 @@ def submit_job(
 
 def _store(
     db: Database,
-    name: str,
-    input_path: str,
+    source: InputSource,
     spec: JobSpec,
     broker: str | None,
     limits: InputLimits | None,
@@ -129,7 +135,7 @@ def _store(
     (job id, requests, chunk size)."""
     job_id = new_job_id()
     try:
-        return _store_job(db, job_id, name, input_path, spec, broker, limits, models)
+        return _store_job(db, job_id, source, spec, broker, limits, models)
     except OperationalError as exc:  # the store itself failed: a full disk, the server gone mid-write
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise ServiceUnavailableError(
@@ -140,13 +146,14 @@ def _store(
 def _store_job(
     db: Database,
     job_id: str,
-    name: str,
-    input_path: str,
+    source: InputSource,
     spec: JobSpec,
     broker: str | None,
     limits: InputLimits | None,
     models: ModelCheck,
 ) -> tuple[str, int, int]:
+    name = source.name
+    refuse = None if spec.chat_template else refuse_chat_without_template(spec.target, models.chat_template_missing)
     with db.session() as session:  # rolled back if the file has a bad line or the models are bad
         job = Job(
             id=job_id,
@@ -160,7 +167,8 @@ def _store_job(
         session.add(job)
         session.flush()
         # raises BadInputError, with every bad line, once the whole file is read
-        total = insert_requests(session, job_id, models.watch(iter_request_specs(input_path, limits)))
+        specs = iter_request_specs(source.path, limits, name=source.name, refuse=refuse)
+        total = insert_requests(session, job_id, models.watch(specs))
         if total == 0:
             raise BadInputError([f"{name}: the file has no requests"])
         models.wait()

@@ -171,26 +171,36 @@ def load_pair(target: str, draft: str | None = None, device: str = "cpu", dtype:
     return ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
 
 
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def tokenize_prompt(
     tokenizer: PreTrainedTokenizerBase,
     prompt: str | None = None,
     messages: list[dict[str, Any]] | None = None,
+    chat_template: str | None = None,
 ) -> list[int]:
     """Token ids of a plain prompt (with the tokenizer's usual special tokens, e.g. BOS) or of chat
-    messages rendered with the tokenizer's chat template and an open assistant turn."""
+    messages rendered with `chat_template` (a Jinja template; default: the tokenizer's own) and an open
+    assistant turn."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt and messages")
     if prompt is not None:
         return [int(i) for i in tokenizer(prompt)["input_ids"]]
-    if not getattr(tokenizer, "chat_template", None):
+    if chat_template is None and not has_chat_template(tokenizer):
         raise ModelLoadError(
             f"the tokenizer of {tokenizer.name_or_path!r} has no chat template, so chat messages "
-            "cannot be rendered; send a plain prompt instead"
+            "cannot be rendered; give one with --chat-template FILE, or send a plain prompt"
         )
     assert messages is not None
     # transformers 5 returns a BatchEncoding unless return_dict=False; accept either shape.
     ids: Any = tokenizer.apply_chat_template(
-        cast(list[dict[str, str]], messages), add_generation_prompt=True, tokenize=True, return_dict=False
+        cast(list[dict[str, str]], messages),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        chat_template=chat_template,
     )
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]

@@ -57,3 +57,10 @@ BATCH_SIZE = Limit(1, 65_536, description="sequences decoded together; a sanity 
 SAMPLING_MODES = ("exact", "reproducible")
 # `specq bench` compares speculation with target-only decoding: it needs K >= 1
 BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")
+# The input size limits (--max-line-bytes, --max-input-bytes): a line is read with readline(limit + 1),
+# whose size must fit a signed 64-bit index; 1 TiB a line or 1 EiB a file is past any machine's memory
+LINE_BYTES = Limit(1, 1 << 40, description="the longest input line read; past this a line is bad input")
+INPUT_BYTES = Limit(1, 1 << 60, description="the largest input file read")
+# A prompt given as token ids: each fits a signed 32-bit integer (the tokenizer's vocabulary is checked
+# when the request is prepared)
+TOKEN_ID = Limit(0, 2**31 - 1, description="a token id; the vocabulary's size is checked per request later")

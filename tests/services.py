@@ -133,14 +133,15 @@ def services_env(db_url, broker, home, **extra):
     return env
 
 
-def invoke(args, env=None):
-    """`specq ARGS` in-process (click's CliRunner); stdout and stderr apart in .stdout / .stderr."""
+def invoke(args, env=None, stdin=None):
+    """`specq ARGS` in-process (click's CliRunner), fed `stdin` (bytes); stdout and stderr apart in
+    .stdout / .stderr."""
     from click.testing import CliRunner
 
     from specq.cli.main import _register, cli
 
     _register()
-    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+    return CliRunner().invoke(cli, args, env=env, input=stdin, catch_exceptions=False)
 
 
 def submit_job(env, path, *args):

@@ -164,7 +164,7 @@ def test_hostile_lines_stop_run_and_submit_with_line_errors(pg_db_url, tiny_pair
     path = write_requests(tmp_path / "in.jsonl", lines)
     expected = [
         f"{path}:1: not valid JSON: nested deeper than 1024 levels",
-        f'{path}:2: "messages[0].role" must be one of "system", "user", "assistant", got array',
+        f'{path}:2: "messages[0].role" must be one of "system", "developer", "user", "assistant", got array',
         f'{path}:3: "top_k" must be in [0, 2147483647], got {2**63}',
         f'{path}:4: "top_k" must be in [0, 2147483647], got {2**64 - 1}',
         "Error: 4 bad lines; nothing was done",
@@ -179,6 +179,9 @@ def test_hostile_lines_stop_run_and_submit_with_line_errors(pg_db_url, tiny_pair
     good = write_requests(tmp_path / "good.jsonl", LINES)
     result = invoke(["run", good, "-o", str(tmp_path / "o.jsonl"), "--target", tiny_pair[0], "--top-k", str(2**63)])
     assert result.exit_code == 2 and "2147483647" in result.output
+    for option in ("--max-line-bytes", "--max-input-bytes"):  # read sizes: 2**70 overflowed readline
+        result = invoke(["run", good, "-o", str(tmp_path / "o.jsonl"), "--target", tiny_pair[0], option, str(2**70)])
+        assert result.exit_code == 2 and "is not in the range" in result.output and "Traceback" not in result.output
 
 
 # -- 6. tiny temperatures --------------------------------------------------------------------------------

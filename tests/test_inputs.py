@@ -130,7 +130,18 @@ def test_utf8_bom_and_unicode(tmp_path: Path) -> None:
         ({"id": "a"}, 'missing "prompt"'),
         ({"prompt": 3}, '"prompt" must be a string, got number'),
         ({"prompt": None}, '"prompt" must be a string, got null'),
-        ({"prompt": ["a"]}, '"prompt" must be a string, got array'),
+        ({"prompt": [1.5]}, '"prompt[0]" must be a string, got number'),
+        ({"prompt": []}, '"prompt" must not be empty'),
+        ({"prompt": [[]]}, '"prompt[0]" must not be empty'),
+        ({"prompt": [1, -1]}, '"prompt[1]" must be in [0, 2147483647], got -1'),
+        ({"prompt": [1, "a"]}, '"prompt[1]" must be a token id (an integer), got string'),
+        ({"prompt": [[1, 2**31]]}, '"prompt[0][1]" must be in [0, 2147483647], got 2147483648'),
+        ({"prompt": [[1, True]]}, '"prompt[0][1]" must be a token id (an integer), got boolean'),
+        (
+            {"prompt": ["a", "b"]},
+            '"prompt" holds 2 prompts; specq takes one a line (OpenAI answers each prompt apart): '
+            "give each prompt its own line",
+        ),
         ({"prompt": ""}, '"prompt" must not be empty'),
         ({"prompt": "a\u0000b"}, '"prompt" contains a NUL character, which cannot be stored'),
         ('{"prompt": "\\ud800"}', '"prompt" contains a lone surrogate (invalid Unicode)'),
@@ -173,15 +184,40 @@ def test_utf8_bom_and_unicode(tmp_path: Path) -> None:
         ({"messages": [{"role": "user"}]}, '"messages[0]" is missing "content"'),
         (
             {"messages": [{"role": "robot", "content": "x"}]},
-            '"messages[0].role" must be one of "system", "user", "assistant", got "robot"',
+            '"messages[0].role" must be one of "system", "developer", "user", "assistant", got "robot"',
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
-            '"messages[0].content" must be a string, got array',
+            '"messages[0].content[0].text" must be a string, got null',
+        ),
+        ({"messages": [{"role": "user", "content": []}]}, '"messages[0].content" must not be empty'),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            '"messages[0].content[0].type" must be "text" (specq reads text only), got "image_url"',
         ),
         (
-            {"messages": [{"role": "user", "content": "x", "name": "n"}]},
-            '"messages[0]" has unsupported field "name"',
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "extra": 1}]}]},
+            '"messages[0].content[0]" has unsupported field "extra"',
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "name": 3}]},
+            '"messages[0].name" must be a string, got number',
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_call_id": "t"}]},
+            '"messages[0]" has unsupported field "tool_call_id"',
+        ),
+        (
+            {"messages": [{"role": "tool", "content": "x", "tool_call_id": "t"}]},
+            '"messages[0]" has unsupported field "tool_call_id"',
+        ),
+        (
+            {"messages": [{"role": "tool", "content": "x"}]},
+            '"messages[0].role" "tool" is not supported: specq calls no tools',
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]},
+            '"messages[0].tool_calls" is not supported: specq calls no tools and reads text only',
         ),
     ],
 )
@@ -235,12 +271,15 @@ def test_plain_line_errors(tmp_path: Path, line: object, message: str) -> None:
         ),
         (
             openai("/v1/chat/completions", messages=[{"role": "user", "content": "x"}], prompt="p"),
-            'has both "body.prompt" and "body.messages"; give one',
+            '"body.prompt" is not a field of /v1/chat/completions',
         ),
-        (openai(prompt=["a", "b"]), '"body.prompt" must be a string, got array'),
-        (openai(prompt="p", logprobs=3), '"body.logprobs" is not supported'),
-        (openai(prompt="p", n=2), '"body.n" must be 1, got 2'),
-        (openai(prompt="p", stream=True), '"body.stream" must be false'),
+        (
+            openai(prompt=["a", "b"]),
+            '"body.prompt" holds 2 prompts; specq takes one a line (OpenAI answers each prompt apart): '
+            "give each prompt its own line",
+        ),
+        (openai(prompt="p", max_completion_tokens=4), '"body.max_completion_tokens" is not a field of /v1/completions'),
+        (openai(prompt="p", top_k_typo=4), '"body.top_k_typo" is not a field of /v1/completions'),
         (openai(prompt="p", max_tokens=0), '"body.max_tokens" must be in [1, 1000000], got 0'),
         (openai(prompt="p", temperature=3), '"body.temperature" must be in [0, 2], got 3'),
         (
@@ -248,7 +287,12 @@ def test_plain_line_errors(tmp_path: Path, line: object, message: str) -> None:
             '"body.max_completion_tokens" must be in [1, 1000000], got -2',
         ),
         (
-            openai(prompt="p", max_tokens=3, max_completion_tokens=4),
+            openai(
+                "/v1/chat/completions",
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=3,
+                max_completion_tokens=4,
+            ),
             'has both "body.max_tokens" and "body.max_completion_tokens"; give one',
         ),
         (
@@ -320,22 +364,26 @@ def test_many_lines_stream(tmp_path: Path) -> None:
         ),
         (
             {"messages": [{"role": ["user"], "content": "x"}]},
-            '"messages[0].role" must be one of "system", "user", "assistant", got array',
+            '"messages[0].role" must be one of "system", "developer", "user", "assistant", got array',
         ),
         (
             {"messages": [{"role": {"a": 1}, "content": "x"}]},
-            '"messages[0].role" must be one of "system", "user", "assistant", got object',
+            '"messages[0].role" must be one of "system", "developer", "user", "assistant", got object',
         ),
         (
             {"messages": [{"role": 3, "content": "x"}]},
-            '"messages[0].role" must be one of "system", "user", "assistant", got 3',
+            '"messages[0].role" must be one of "system", "developer", "user", "assistant", got 3',
         ),
         (
             openai("/v1/chat/completions", messages=[{"role": [], "content": "x"}]),
-            '"body.messages[0].role" must be one of "system", "user", "assistant", got array',
+            '"body.messages[0].role" must be one of "system", "developer", "user", "assistant", got array',
         ),
         ({"prompt": "a", "top_k": 2**63}, '"top_k" must be in [0, 2147483647], got 9223372036854775808'),
         ({"prompt": "a", "top_k": 2**31}, '"top_k" must be in [0, 2147483647], got 2147483648'),
+        # integers past a float's range are compared, never converted (that raised OverflowError)
+        ({"prompt": "a", "temperature": 10**400}, f'"temperature" must be in [0, 2], got {str(10**400)[:77]}...'),
+        ({"prompt": "a", "top_p": -(10**400)}, f'"top_p" must be in (0, 1], got {str(-(10**400))[:77]}...'),
+        ('{"prompt": "a", "seed": 1' + "0" * 5000 + "}", "not valid JSON: an integer longer than 4300 digits"),
     ],
 )
 def test_hostile_lines_are_line_errors(tmp_path: Path, line: object, message: str) -> None:
@@ -372,7 +420,7 @@ def test_echoed_keys_and_values_cannot_forge_report_lines(tmp_path: Path) -> Non
     quoted = json.dumps(forged)
     assert problems[0] == f"{path}:1: unknown field {quoted}"
     assert problems[1] == f"{path}:2: unknown field {quoted} in an OpenAI Batch line"
-    assert problems[2] == f"{path}:3: {json.dumps('body.' + forged)} is not supported"
+    assert problems[2] == f"{path}:3: {json.dumps('body.' + forged)} is not a field of /v1/completions"
     assert problems[3] == f'{path}:4: "messages[0]" has unsupported field {quoted}'
     assert problems[4].endswith(f"got {quoted}")
     assert problems[8] == f"{path}:10: duplicate id {quoted} (first on line 9)"

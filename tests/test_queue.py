@@ -192,6 +192,32 @@ def test_job_of_failures_fails_and_wait_exits_1(env, tiny_pair, tmp_path) -> Non
     assert job_status(env, job_id)["state"] == "failed"
 
 
+def test_the_jobs_chat_template_and_token_ids_reach_the_worker(env, tiny_pair, tmp_path) -> None:
+    """--chat-template is stored with the job and the worker renders with it; prompt token ids are stored
+    and run as given: the worker's prompt_tokens and completions equal `specq run`'s."""
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
+    prompt_ids = tokenizer(PLAIN["prompt"])["input_ids"]
+    body = {"prompt": prompt_ids, "max_tokens": 8, "temperature": 0}
+    token_ids = {"custom_id": "t1", "method": "POST", "url": "/v1/completions", "body": body}
+    lines = [CHAT, token_ids]
+    args = ("--target", tiny_pair[0], "--chat-template", str(template))
+    job_id, result = submit(env, tmp_path, lines, *args, "--wait")
+    assert result.exit_code == 0, result.output
+    out, run_out = tmp_path / "out.jsonl", tmp_path / "run.jsonl"
+    assert invoke(["export", job_id, "-o", str(out), "--format", "jsonl"], env).exit_code == 0
+    assert invoke(["run", str(tmp_path / "in.jsonl"), "-o", str(run_out), *args], env).exit_code == 0
+    stored, ran = ({r["id"]: r for r in map(json.loads, f.read_text().splitlines())} for f in (out, run_out))
+    rendered = tokenizer("[user] hello\n")["input_ids"]
+    assert stored["c1"]["prompt_tokens"] == ran["c1"]["prompt_tokens"] == len(rendered)
+    assert stored["t1"]["prompt_tokens"] == ran["t1"]["prompt_tokens"] == len(prompt_ids)
+    for request_id in ("c1", "t1"):
+        assert stored[request_id]["tokens"] == ran[request_id]["tokens"]
+
+
 def test_cancel_while_running(env, tiny_pair, tmp_path) -> None:
     # far more work than runs before the cancel lands (the rest is skipped, so its size costs nothing)
     lines = [{"id": f"r{i}", "prompt": f"def f{i}(x):", "max_tokens": 100, "temperature": 0} for i in range(48)]

@@ -93,12 +93,14 @@ class _Unfinished:
 
 
 def _prepare(
-    pair: ModelPair, claimed: list[ClaimedRequest], defaults: dict[str, Any]
+    pair: ModelPair, claimed: list[ClaimedRequest], settings: dict[str, Any]
 ) -> tuple[list[_Prepared], list[GenerationResult]]:
-    """Tokenize and resolve sampling settings; a request that cannot be prepared fails alone."""
+    """Tokenize (with the job's chat template, if it has one) and resolve sampling settings over the job's;
+    a request that cannot be prepared fails alone."""
     ready, failed = [], []
+    defaults, chat_template = settings.get("sampling", {}), settings.get("chat_template")
     for request in claimed:
-        prepared = engine_request(request.id, request, pair.tokenizer, defaults)
+        prepared = engine_request(request.id, request, pair.tokenizer, defaults, chat_template)
         if isinstance(prepared, GenerationResult):
             failed.append(prepared)
         else:
@@ -374,7 +376,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
         for request in triage.runnable:
             writer.add(GenerationResult.failed(request.id, str(exc)))
         return _Unfinished()
-    ready, failed = _prepare(pair, triage.runnable, job.settings.get("sampling", {}))
+    ready, failed = _prepare(pair, triage.runnable, job.settings)
     for result in failed:
         writer.add(result)
     injected = faults.installed()  # once per chunk, not per request

@@ -39,6 +39,7 @@ class ClaimedRequest:
     prompt: str | None
     messages: list[dict[str, Any]] | None
     overrides: dict[str, Any]
+    prompt_token_ids: list[int] | None
     starts: int = 0  # times a worker handed it to the engine before this claim
 
     @property
@@ -90,6 +91,7 @@ def claim_chunk(
             Request.prompt,
             Request.messages,
             Request.overrides,
+            Request.prompt_token_ids,
             Request.starts,
         )
         .execution_options(synchronize_session=False)
