@@ -55,5 +55,7 @@ NUM_SPECULATIVE_TOKENS = Limit(0, 32, description="K, the most draft tokens a st
 BATCH_SIZE = Limit(1, 65_536, description="sequences decoded together; a sanity bound far past any device's memory")
 # exact: modified rejection sampling; reproducible: the coupled exponential race (decoding/sampling.py)
 SAMPLING_MODES = ("exact", "reproducible")
+# model-free proposers (decoding/model_free.py): prompt lookup; the job's suffix index plus prompt lookup
+MODEL_FREE = ("ngram", "suffix")
 # `specq bench` compares speculation with target-only decoding: it needs K >= 1
 BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")
