@@ -59,3 +59,7 @@ SAMPLING_MODES = ("exact", "reproducible")
 MODEL_FREE = ("ngram", "suffix")
 # `specq bench` compares speculation with target-only decoding: it needs K >= 1
 BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")
+
+# `specq bench --workloads W --drafts D` (bench/workloads.py, bench/draft_axis.py)
+BENCH_WORKLOADS = ("continuation", "grounded", "templated")
+BENCH_DRAFTS = ("target_only", "draft", "ngram", "suffix", "hybrid")
