@@ -24,12 +24,13 @@ from typing import Any
 from specq.bench.runner import Run, _collect, _Contender, _measure, compare_outputs, mean_k, paired_ratio
 from specq.bench.workloads import workload_prompts
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding.config import ModelFree
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.stats import PROPOSERS, EngineStats, empty_by_proposer
 from specq.decoding.suffix_index import SuffixIndex
 
 # contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer)
-DRAFTS: dict[str, tuple[bool, str | None]] = {
+DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
     "target_only": (False, None),
     "draft": (True, None),
     "ngram": (False, "ngram"),
@@ -124,7 +125,7 @@ def run_draft_axis(
             for i, p in enumerate(prompts)
         ]
         for b in batch_sizes:
-            contenders = []
+            contenders: list[_Contender] = []
             for name in names:
                 uses_draft, model_free = DRAFTS[name]
                 config = DecodingConfig(

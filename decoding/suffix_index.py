@@ -11,8 +11,9 @@ they do not.
 
 Bounded: at most `max_contexts` contexts, the least recently fed evicted first; a full index
 evicts and never fails. One context costs about `BYTES_PER_CONTEXT` bytes of Python objects (a
-tuple of up to 8 ints and a small dict; measured by `benchmarks/suffix_index_memory.py`), so the
-default bound, 200,000 contexts, is about 80 MB per job.
+tuple of up to 8 ints and a small dict; measured by `benchmarks/suffix_index_memory.py` on the
+demo tokenizer's ids of held-out stdlib sources: 558 bytes), so the default bound, 100,000
+contexts, is about 56 MB per job.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-BYTES_PER_CONTEXT = 400  # measured (benchmarks/suffix_index_memory.py); the docs quote the figure
+BYTES_PER_CONTEXT = 560  # measured (benchmarks/suffix_index_memory.py); the docs quote the figure
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class SuffixProposal:
 
 class SuffixIndex:
     def __init__(
-        self, max_contexts: int = 200_000, min_context: int = 2, max_context: int = 8, min_confidence: float = 0.4
+        self, max_contexts: int = 100_000, min_context: int = 2, max_context: int = 8, min_confidence: float = 0.4
     ) -> None:
         if max_contexts < 1 or not 1 <= min_context <= max_context:
             raise ValueError("need max_contexts >= 1 and 1 <= min_context <= max_context")
