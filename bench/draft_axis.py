@@ -18,6 +18,7 @@ outputs are compared with target-only's on every row.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,8 +51,6 @@ class _FreshIndexContender(_Contender):
         self.timing = False
 
     def once(self) -> tuple[dict[int, list[int]], float]:
-        import time
-
         engine = self.make_engine(self.policy)
         self.policy = engine.policy
         started = time.perf_counter()
@@ -225,7 +224,6 @@ def run_draft_axis_benchmark(
     """The draft axis as `specq bench --workloads` runs it: load the pair (None, None: the demo pair),
     run `run_draft_axis`, and return its results with the command, date, machine and models."""
     import os
-    import time
     from datetime import UTC, datetime
 
     import torch
