@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 
 import click
 
 from specq.cli.group import cli
 from specq.cli.options import float_range, int_range
-from specq.limits import BENCH_SPECULATIVE_TOKENS, MAX_TOKENS, TEMPERATURE
+from specq.limits import BENCH_DRAFTS, BENCH_SPECULATIVE_TOKENS, BENCH_WORKLOADS, MAX_TOKENS, TEMPERATURE
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -20,6 +21,19 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     if not sizes or min(sizes) < 1:
         raise click.BadParameter(f"batch sizes must be positive integers, got {value!r}")
     return sizes
+
+
+def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Parameter, str | None], tuple[str, ...]]:
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        chosen = tuple(part.strip() for part in value.split(",") if part.strip())
+        unknown = [part for part in chosen if part not in allowed]
+        if unknown or not chosen:
+            raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}: choose from {', '.join(allowed)}")
+        return chosen
+
+    return parse
 
 
 @cli.command("bench")
@@ -79,6 +93,20 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     help="Candidate tokens per step for HF assisted generation. Default: HF's own (20, confidence-gated).",
 )
 @click.option(
+    "--workloads",
+    callback=_choices(BENCH_WORKLOADS),
+    help=f"Run the draft axis on these workloads ({', '.join(BENCH_WORKLOADS)}; comma-separated) instead of the "
+    "comparison with HF: every contender of --drafts side by side, at each batch size.",
+)
+@click.option(
+    "--drafts",
+    default=",".join(BENCH_DRAFTS),
+    show_default=True,
+    callback=_choices(BENCH_DRAFTS),
+    help="With --workloads: the contenders (the draft axis): target-only, the draft model, prompt lookup, "
+    "the suffix index, and the hybrid of the draft model with the suffix index.",
+)
+@click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), help="Write the full results as JSON here ('-': stdout)."
 )
 @click.option(
@@ -102,6 +130,8 @@ def bench(
     skip_hf_batched: bool,
     skip_hf_assisted: bool,
     hf_assistant_tokens: int | None,
+    workloads: tuple[str, ...],
+    drafts: tuple[str, ...],
     json_path: str | None,
     markdown_path: str | None,
 ) -> None:
@@ -114,6 +144,31 @@ def bench(
         raise click.UsageError("give both --target and --draft, or neither (the demo pair)")
     from specq.bench import report, runner
     from specq.errors import SpecqError
+
+    command = shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None
+    if workloads:
+        _draft_axis(
+            target,
+            draft,
+            workloads,
+            drafts,
+            batch_sizes,
+            num_prompts,
+            max_tokens,
+            num_speculative_tokens,
+            temperature,
+            device,
+            dtype,
+            threads,
+            warmup,
+            repeats,
+            prompt_chars,
+            seed,
+            command,
+            json_path,
+            markdown_path,
+        )
+        return
 
     try:
         settings = runner.BenchSettings(
@@ -140,7 +195,7 @@ def bench(
             device=device,
             dtype=dtype,
             threads=threads,
-            command=shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None,
+            command=command,
             progress=lambda line: click.echo(line, err=True),
         )
     except SpecqError as exc:
@@ -150,3 +205,59 @@ def bench(
         report.write_json(results, json_path)
     if markdown_path:
         report.write_markdown(results, markdown_path)
+
+
+def _draft_axis(
+    target: str | None,
+    draft: str | None,
+    workloads: tuple[str, ...],
+    drafts: tuple[str, ...],
+    batch_sizes: tuple[int, ...],
+    num_prompts: int | None,
+    max_tokens: int,
+    num_speculative_tokens: int,
+    temperature: float,
+    device: str | None,
+    dtype: str | None,
+    threads: int | None,
+    warmup: int,
+    repeats: int,
+    prompt_chars: int,
+    seed: int,
+    command: str | None,
+    json_path: str | None,
+    markdown_path: str | None,
+) -> None:
+    from specq.bench import draft_axis, report
+    from specq.errors import SpecqError
+
+    try:
+        results = draft_axis.run_draft_axis_benchmark(
+            target,
+            draft,
+            workloads,
+            drafts,
+            batch_sizes,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            command=command,
+            progress=lambda line: click.echo(line, err=True),
+            num_prompts=num_prompts or 2 * max(batch_sizes),
+            prompt_chars=prompt_chars,
+            max_tokens=max_tokens,
+            num_speculative_tokens=num_speculative_tokens,
+            temperature=temperature,
+            seed=seed,
+            warmup=warmup,
+            repeats=repeats,
+        )
+    except SpecqError as exc:
+        raise click.ClickException(str(exc)) from None
+    table = draft_axis.markdown(results)
+    click.echo(table)
+    if json_path:
+        report.write_json(results, json_path)
+    if markdown_path:
+        with open(markdown_path, "w", encoding="utf-8") as handle:
+            handle.write(table)

@@ -14,10 +14,12 @@ imported only when a command runs, so `specq --help` stays light.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -36,6 +38,7 @@ from specq.limits import (
     INPUT_BYTES,
     LINE_BYTES,
     MAX_TOKENS,
+    MODEL_FREE,
     NUM_SPECULATIVE_TOKENS,
     SAMPLING_MODES,
     SEED,
@@ -68,6 +71,7 @@ DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 GENERATION_PARAMS = (
     "target",
     "draft",
+    "model_free",
     "num_speculative_tokens",
     "fixed_k",
     "sampling",
@@ -93,7 +97,15 @@ _OPTIONS = [
     click.option(
         "--draft",
         envvar="SPECQ_DRAFT",
-        help="Draft model sharing the target's tokenizer; absent: plain decoding with the target. [env: SPECQ_DRAFT]",
+        help="Draft model sharing the target's tokenizer, or a model-free proposer: 'ngram' (prompt lookup) or "
+        "'suffix' (the job's suffix index plus prompt lookup); absent: plain decoding with the target. "
+        "[env: SPECQ_DRAFT]",
+    ),
+    click.option(
+        "--model-free",
+        type=click.Choice(MODEL_FREE),
+        help="With --draft MODEL: also this model-free proposer; each row takes, step by step, whichever "
+        "proposal its measured acceptance says yields more (one verify pass for all).",
     ),
     click.option(
         "--num-speculative-tokens",
@@ -193,6 +205,9 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         decoding["batch_size"] = values["batch_size"]
     if values["sampling"] is not None:
         decoding["sampling"] = values["sampling"].lower()
+    draft, model_free = _proposers(values["draft"] or None, values["model_free"])
+    if model_free is not None:
+        decoding["model_free"] = model_free
     try:
         config = DecodingConfig(**decoding)
         chat_template = None if values["chat_template"] is None else load_chat_template(values["chat_template"])
@@ -200,13 +215,31 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         raise click.UsageError(str(exc)) from None
     return GenerationOptions(
         target=values["target"],
-        draft=values["draft"] or None,
+        draft=draft,
         decoding=config,
         sampling={k: values[k] for k in SAMPLING_PARAMS if values[k] is not None},
         device=values["device"] or None,
         dtype=values["dtype"].lower() if values["dtype"] else None,
         chat_template=chat_template,
     )
+
+
+def _proposers(draft: str | None, model_free: str | None) -> tuple[str | None, str | None]:
+    """(draft model, model-free proposer) from --draft and --model-free."""
+    if draft in MODEL_FREE:
+        if model_free is not None:
+            raise click.UsageError(f"--draft {draft} is model-free already; --model-free goes with --draft MODEL")
+        return None, draft
+    if draft is not None and "/" not in draft and not Path(draft).exists():
+        # a bare word that is no folder and looks like a proposer's name is a typo, not a Hub id
+        close = difflib.get_close_matches(draft.lower(), MODEL_FREE, n=1, cutoff=0.6)
+        if close:
+            raise click.BadParameter(
+                f"{draft!r} is neither a model folder nor one of {', '.join(MODEL_FREE)} (did you mean {close[0]!r}?); "
+                "choose a model (Hugging Face id or folder) or one of the model-free proposers",
+                param_hint="'--draft'",
+            )
+    return draft, model_free
 
 
 def input_limit_options(command: Command) -> Command:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from specq.limits import BATCH_SIZE, NUM_SPECULATIVE_TOKENS, SAMPLING_MODES
+from specq.limits import BATCH_SIZE, MODEL_FREE, NUM_SPECULATIVE_TOKENS, SAMPLING_MODES
 
 SamplingMode = Literal["exact", "reproducible"]  # specq.limits.SAMPLING_MODES
+ModelFree = Literal["ngram", "suffix"]  # specq.limits.MODEL_FREE
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class DecodingConfig:
     # The default: it costs 2-3 points of acceptance and no measurable tokens/s on the demo pair
     # (docs/benchmarks.md), and a batch system's retries and audits need a seed to mean one output.
     sampling: SamplingMode = "reproducible"
+    # a model-free proposer (decoding/model_free.py), alone or, with a draft model, beside it per row
+    model_free: ModelFree | None = None
 
     def __post_init__(self) -> None:
         NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
@@ -30,6 +33,8 @@ class DecodingConfig:
             raise ValueError(f"probe_interval must be >= 2, got {self.probe_interval}")
         if self.sampling not in SAMPLING_MODES:
             raise ValueError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {self.sampling!r}")
+        if self.model_free is not None and self.model_free not in MODEL_FREE:
+            raise ValueError(f"model_free must be one of {', '.join(MODEL_FREE)}, got {self.model_free!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from specq.decoding.hf_model import LAST_ONLY, RaggedLM
+from specq.decoding.proposer import Offer
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
+from specq.decoding.stats import DRAFT_MODEL
 
 if TYPE_CHECKING:
     from specq.decoding.batch import Admission, BatchState
@@ -52,7 +54,14 @@ class DraftModelProposer:
             self.lm.prefill(self.cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
             stats.draft_forwards += 1
 
-    def propose(self, batch: BatchState, k: int, stats: EngineStats) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
+        lengths = np.zeros(batch.rows, np.int64)
+        lengths[live] = np.minimum(limits[live], self.max_k)
+        return Offer(lengths, np.full(batch.rows, DRAFT_MODEL, np.int64))
+
+    def propose(
+        self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         sampling = batch.sampling
         # The catch-up pass: row b feeds its columns [draft_lens[b], seq_lens[b]), right-padded to `width`.
         unseen = batch.seq_lens - self.draft_lens  # [rows] >= 1
@@ -90,7 +99,15 @@ class DraftModelProposer:
         draft_probs = torch.stack(probs, dim=1) if probs else None  # [rows, k, V]
         return draft_token_ids, draft_probs
 
-    def advance(self, batch: BatchState) -> None:
+    def forget_drafts(self, rows_t: torch.Tensor, seq_lens: torch.Tensor, seq_h: np.ndarray, rows: np.ndarray) -> None:
+        """Rows `rows` (`rows_t` on the device) take another proposer's draft tokens this step: the cache is
+        valid only up to their sequence, not along its own draft tokens."""
+        self.draft_lens[rows_t] = seq_lens[rows_t]
+        self.draft_h[rows] = seq_h[rows]
+
+    def advance(
+        self, batch: BatchState, output_ids: np.ndarray | None = None, emitted: np.ndarray | None = None
+    ) -> None:
         # Accepted tokens are the draft's own, so the cache stays valid up to the first rejected one;
         # the last output token (recovered or bonus) is new to the draft either way.
         self.draft_lens = torch.minimum(self.draft_lens, batch.seq_lens - 1)

@@ -46,10 +46,12 @@ from specq.decoding.config import DecodingConfig
 from specq.decoding.draft_model import DraftModelProposer
 from specq.decoding.hf_model import LAST_ONLY, CausalLM, RaggedLM, Tokenizer, decode, eos_token_ids, start_token_id
 from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.model_free import HybridProposer, ModelFreeProposer
 from specq.decoding.proposer import Proposer
 from specq.decoding.rejection import greedy_accept, rejection_sample
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
-from specq.decoding.stats import EngineStats
+from specq.decoding.stats import DRAFT_MODEL, EngineStats
+from specq.decoding.suffix_index import SuffixIndex
 from specq.decoding.types import GenerationRequest, GenerationResult
 
 RUNNING, FINISHED_STOP, FINISHED_LENGTH = 0, 1, 2
@@ -63,6 +65,7 @@ class _StepReport:
     finish: np.ndarray  # RUNNING, FINISHED_STOP (EOS) or FINISHED_LENGTH
     accepted: np.ndarray  # draft tokens accepted
     drafted: np.ndarray  # draft tokens offered
+    emitted: np.ndarray  # tokens appended to the row's sequence (accepted + 1), EOS and past it included
     output_ids: np.ndarray  # the step's accepted tokens and recovered or bonus token, then padding
 
 
@@ -105,9 +108,12 @@ class SpeculativeEngine:
         draft: CausalLM | None = None,
         config: DecodingConfig | None = None,
         policy: SpeculationPolicy | None = None,
+        suffix_index: SuffixIndex | None = None,
     ) -> None:
         """`policy`: pass the one a previous engine on the same models and device used, so its measured
-        step times and acceptance carry over (a worker builds an engine per batch)."""
+        step times and acceptance carry over (a worker builds an engine per batch). `suffix_index`: the
+        job's (with `config.model_free == "suffix"`), fed by this engine's prompts and outputs and read
+        by its proposals; None: a fresh one for this engine."""
         self.config = config or DecodingConfig()
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.target_lm = RaggedLM(target)
@@ -115,25 +121,37 @@ class SpeculativeEngine:
         draft_lm = None if draft is None else RaggedLM(draft)
         if draft_lm is not None and draft_lm.device != self.device:
             raise ValueError("target and draft must be on the same device")
-        self.max_k = self.config.num_speculative_tokens if draft_lm is not None else 0
+        model_free = self.config.model_free
+        speculates = draft_lm is not None or model_free is not None
+        self.max_k = self.config.num_speculative_tokens if speculates else 0
         lms = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
         self.vocab_size = max(lm.vocab_size for lm in lms)
         self.max_context = min(lm.max_context for lm in lms)
         self.eos_token_ids = eos_token_ids(target, tokenizer)
         self._eos_h = np.array(sorted(self.eos_token_ids) or [-1])
         self._start_token_id = start_token_id(tokenizer)
-        self.proposer: Proposer | None = (
-            None
-            if draft_lm is None
-            else DraftModelProposer(draft_lm, self.max_k, self.vocab_size, self.target_lm.vocab_size)
-        )
         if policy is not None and (policy.max_k, policy.fixed) != (self.max_k, self.config.fixed_k):
             raise ValueError("the policy was made for another K or mode")
         self.policy = policy or SpeculationPolicy(
             self.max_k, fixed=self.config.fixed_k, probe_interval=self.config.probe_interval
         )
+        if model_free == "suffix" and suffix_index is None:
+            suffix_index = SuffixIndex()
+        self.suffix_index = suffix_index if model_free == "suffix" else None
+        self.proposer = self._proposer(draft_lm, model_free)
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
         self._emit_at_prefill = self.proposer is None and self.target_lm.keeps_logits
+
+    def _proposer(self, draft_lm: RaggedLM | None, model_free: str | None) -> Proposer | None:
+        draft = (
+            None
+            if draft_lm is None
+            else DraftModelProposer(draft_lm, self.max_k, self.vocab_size, self.target_lm.vocab_size)
+        )
+        if model_free is None:
+            return draft
+        looked_up = ModelFreeProposer(self.max_k, self.vocab_size, self.suffix_index)
+        return looked_up if draft is None else HybridProposer(draft, looked_up, self.policy)
 
     def reset_stats(self) -> None:
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
@@ -264,11 +282,11 @@ class SpeculativeEngine:
     # -- one step: propose, verify, accept, advance, finish -----------------------------------------
     def _step(self, batch: BatchState) -> Iterator[GenerationResult]:
         live = batch.live_rows()
-        k, num_draft_h = self._choose_k(batch, live)
+        k, num_draft_h, sources_h = self._choose_k(batch, live)
         # uploaded before any work of the step is queued, so the copy waits for nothing
         num_draft = torch.from_numpy(num_draft_h).to(self.device) if k else None  # [rows]
         watch = _Stopwatch(self.device)
-        draft_token_ids, draft_probs = self._propose(batch, k)
+        draft_token_ids, draft_probs = self._propose(batch, k, num_draft_h)
         watch.mark()
         target_logits = self._verify(batch, draft_token_ids)
         watch.mark()
@@ -280,24 +298,34 @@ class SpeculativeEngine:
             self.policy.observe_step(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
         self._record(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
         self.stats.num_steps += 1
-        yield from self._finish(batch, live, k, report)
+        yield from self._finish(batch, live, k, report, sources_h)
 
-    def _choose_k(self, batch: BatchState, live: np.ndarray) -> tuple[int, np.ndarray]:
-        """This step's k, and the draft tokens each row may accept ([rows], 0 for rows not live)."""
+    def _choose_k(self, batch: BatchState, live: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """This step's k, the draft tokens each row may accept ([rows], 0 for rows not live or without a
+        proposal) and the proposer each row's draft comes from ([rows])."""
         # A row takes at most one draft token fewer than it still wants, and none past the context.
         row_limits = np.minimum(batch.max_tokens_h - batch.generated_h - 1, self.max_context - batch.seq_h)
-        k = self.policy.choose(batch.rows, int(row_limits[live].max()))
         num_draft_h = np.zeros(batch.rows, np.int64)  # [rows]
+        if self.proposer is None:
+            return 0, num_draft_h, num_draft_h.copy()
+        offer = self.proposer.offer(batch, live, np.maximum(row_limits, 0))
+        offers = offer.lengths[live]  # [live]
+        top = int(offers.max())
+        # no row has anything to offer (no match anywhere): a plain step, and no time measured for the policy
+        k = self.policy.choose(batch.rows, top, offers, offer.sources[live]) if top > 0 else 0
         if k:
-            num_draft_h[live] = np.minimum(row_limits[live], k)  # live rows' limits are >= 0
-        return k, num_draft_h
+            num_draft_h[live] = np.minimum(offers, k)
+            k = int(num_draft_h.max())
+        return k, num_draft_h, offer.sources
 
-    def _propose(self, batch: BatchState, k: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """draft_token_ids [rows, k] and draft_probs [rows, k, V] (None when all greedy); (None, None) for k = 0."""
+    def _propose(
+        self, batch: BatchState, k: int, num_draft_h: np.ndarray
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """draft_token_ids [rows, k] and draft_probs [rows, k, V] (None when not read); (None, None) for k = 0."""
         if not k:
             return None, None
         assert self.proposer is not None  # k > 0 needs max_k > 0, which needs a proposer
-        return self.proposer.propose(batch, k, self.stats)
+        return self.proposer.propose(batch, k, num_draft_h, self.stats)
 
     def _verify(self, batch: BatchState, draft_token_ids: torch.Tensor | None) -> torch.Tensor:
         """Target logits for the last token and every draft token: [rows, k + 1, V], one forward pass."""
@@ -374,7 +402,7 @@ class SpeculativeEngine:
         batch.seq_lens = batch.seq_lens + emitted
         report = self._read_back(batch, live, output_token_ids, num_accepted, num_draft_h)
         if self.proposer is not None:
-            self.proposer.advance(batch)
+            self.proposer.advance(batch, report.output_ids, report.emitted)
         return report
 
     def _read_back(
@@ -407,9 +435,13 @@ class SpeculativeEngine:
         kept = np.where(ends_on_eos, first_eos, np.minimum(emitted_h, room)) * active_h
         finish = np.where(ends_on_eos, FINISHED_STOP, np.where(kept >= room, FINISHED_LENGTH, RUNNING)) * active_h
         batch.seq_h = batch.seq_h + emitted_h
-        return _StepReport(kept=kept, finish=finish, accepted=accepted_h, drafted=num_draft_h, output_ids=output_h)
+        return _StepReport(
+            kept=kept, finish=finish, accepted=accepted_h, drafted=num_draft_h, emitted=emitted_h, output_ids=output_h
+        )
 
-    def _finish(self, batch: BatchState, live: np.ndarray, k: int, report: _StepReport) -> Iterator[GenerationResult]:
+    def _finish(
+        self, batch: BatchState, live: np.ndarray, k: int, report: _StepReport, sources: np.ndarray | None = None
+    ) -> Iterator[GenerationResult]:
         """Book the step's tokens and counters for rows `live`; yield the results of those that ended."""
         kept, finish, accepted, drafted = report.kept, report.finish, report.accepted, report.drafted
         batch.generated_h += kept  # finished rows keep 0
@@ -420,9 +452,11 @@ class SpeculativeEngine:
             first.first_token_at = now
         if k:
             accepted, drafted = accepted[live], drafted[live]
+            live_sources = np.full(live.size, DRAFT_MODEL) if sources is None else sources[live]
             batch.draft_tokens_h[live] += drafted
             batch.accepted_h[live] += accepted
-            self.policy.observe_acceptance(accepted, drafted)
+            self.policy.observe_acceptance(accepted, drafted, live_sources)
+            self.stats.count_drafts(live_sources, drafted, accepted)
             self.stats.num_drafts += int((drafted > 0).sum())
             self.stats.num_draft_tokens += int(drafted.sum())
             self.stats.num_accepted_tokens += int(accepted.sum())

@@ -18,6 +18,12 @@ Times are medians of the last few steps of each kind, per batch size (rows): a s
 garbage collection or a neighbouring process must not move the choice for dozens of steps.
 Unmeasured target widths are interpolated between measured ones. Every `probe_interval` steps a
 neighbouring k is tried, and every fourth probe the full K, so estimates never go stale.
+
+Rows need not offer the same number of draft tokens: a model-free proposer offers, per row, only what
+its match supports (none without a match). The verify pass is as wide as the widest row, so k then
+maximises the batch's goodput, sum over rows of E[tokens of row r](min(k, offer_r)) / step time(k),
+with each row's acceptance measured separately for the proposer it drew from (the draft model,
+prompt lookup, the suffix index): k = 0 wherever a few rows' matches do not pay for widening every row.
 """
 
 from __future__ import annotations
@@ -49,28 +55,14 @@ class _Timing:
         self.value = statistics.median(self.samples)
 
 
-class SpeculationPolicy:
-    def __init__(self, max_k: int, *, fixed: bool, probe_interval: int = 16):
-        self.max_k = max_k
-        self.fixed = fixed
-        self.probe_interval = probe_interval
-        self.steps = 0
-        self.t_draft: dict[int, _Timing] = defaultdict(_Timing)  # rows -> one draft forward
-        self.t_target: dict[int, dict[int, _Timing]] = defaultdict(lambda: defaultdict(_Timing))  # rows -> width
-        self.t_overhead: dict[int, _Timing] = defaultdict(_Timing)  # rows -> rest of a step
-        positions = max(max_k, 1)
+class _Acceptance:
+    """Per-position acceptance of one proposer, (decayed) counts."""
+
+    def __init__(self, positions: int) -> None:
         self.reached = np.zeros(positions)  # [K] (decayed) rows whose draft got to position j
         self.accepted = np.zeros(positions)  # [K] (decayed) rows whose draft token j was accepted
 
-    # -- observations -------------------------------------------------------------------------------
-    def observe_step(self, rows: int, k: int, t_draft: float, t_target: float, t_total: float) -> None:
-        if k:
-            self.t_draft[rows].add(t_draft / k)
-        self.t_target[rows][k + 1].add(t_target)
-        self.t_overhead[rows].add(max(t_total - t_draft - t_target, 0.0))
-
-    def observe_acceptance(self, num_accepted: np.ndarray, num_draft: np.ndarray) -> None:
-        """num_accepted, num_draft: [rows] draft tokens each row accepted and was offered this step."""
+    def observe(self, num_accepted: np.ndarray, num_draft: np.ndarray) -> None:
         k = int(num_draft.max()) if num_draft.size else 0
         if k == 0:
             return
@@ -83,14 +75,56 @@ class SpeculationPolicy:
         self.reached[:k] += reached
         self.accepted[:k] += accepted
 
-    # -- decision -----------------------------------------------------------------------------------
-    def acceptance(self) -> np.ndarray:
+    def curve(self) -> np.ndarray:
         """[K] alpha_j, each shrunk towards the pooled acceptance (itself starting from a prior of 0.5)."""
         pooled = (self.accepted.sum() + 1.0) / (self.reached.sum() + 2.0)
         return (self.accepted + _SHRINK * pooled) / (self.reached + _SHRINK)
 
-    def expected_tokens(self, k: int) -> float:
-        return 1.0 + float(np.cumprod(self.acceptance()[:k]).sum()) if k else 1.0
+
+class SpeculationPolicy:
+    def __init__(self, max_k: int, *, fixed: bool, probe_interval: int = 16):
+        self.max_k = max_k
+        self.fixed = fixed
+        self.probe_interval = probe_interval
+        self.steps = 0
+        self.t_draft: dict[int, _Timing] = defaultdict(_Timing)  # rows -> one draft forward
+        self.t_target: dict[int, dict[int, _Timing]] = defaultdict(lambda: defaultdict(_Timing))  # rows -> width
+        self.t_overhead: dict[int, _Timing] = defaultdict(_Timing)  # rows -> rest of a step
+        self._positions = max(max_k, 1)
+        # proposer (decoding.stats.PROPOSERS index) -> its acceptance; the draft model's is 0
+        self._acceptance: dict[int, _Acceptance] = {}
+
+    # -- observations -------------------------------------------------------------------------------
+    def observe_step(self, rows: int, k: int, t_draft: float, t_target: float, t_total: float) -> None:
+        if k:
+            self.t_draft[rows].add(t_draft / k)
+        self.t_target[rows][k + 1].add(t_target)
+        self.t_overhead[rows].add(max(t_total - t_draft - t_target, 0.0))
+
+    def observe_acceptance(
+        self, num_accepted: np.ndarray, num_draft: np.ndarray, sources: np.ndarray | None = None
+    ) -> None:
+        """num_accepted, num_draft: [rows] draft tokens each row accepted and was offered this step;
+        sources: [rows] the proposer each row drew from (None: all the draft model)."""
+        if sources is None:
+            self._curve_of(0).observe(num_accepted, num_draft)
+            return
+        for source in np.unique(sources[num_draft > 0]):
+            mine = sources == source
+            self._curve_of(int(source)).observe(num_accepted[mine], num_draft[mine])
+
+    def _curve_of(self, source: int) -> _Acceptance:
+        if source not in self._acceptance:
+            self._acceptance[source] = _Acceptance(self._positions)
+        return self._acceptance[source]
+
+    # -- decision -----------------------------------------------------------------------------------
+    def acceptance(self, source: int = 0) -> np.ndarray:
+        """[K] alpha_j of proposer `source`, each shrunk towards its pooled acceptance (prior 0.5)."""
+        return self._curve_of(source).curve()
+
+    def expected_tokens(self, k: int, source: int = 0) -> float:
+        return 1.0 + float(np.cumprod(self.acceptance(source)[:k]).sum()) if k else 1.0
 
     def step_time(self, rows: int, k: int) -> float | None:
         draft = _nearest(self.t_draft, rows)
@@ -106,8 +140,10 @@ class SpeculationPolicy:
             + _interpolate(measured, k + 1)
         )
 
-    def choose(self, rows: int, limit: int) -> int:
-        """The k for the next step of a batch of `rows`; `limit` caps it (context, tokens left)."""
+    def choose(self, rows: int, limit: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None) -> int:
+        """The k for the next step of a batch of `rows`; `limit` caps it (context, tokens left). `offers`:
+        [live] draft tokens each live row could take (None: `limit` each), from proposer `sources`
+        [live] (None: all the draft model)."""
         self.steps += 1
         top = min(self.max_k, limit)
         if self.fixed or top <= 0:
@@ -117,7 +153,7 @@ class SpeculationPolicy:
         for width in (top + 1, 1):
             if width not in measured or measured[width].value is None:
                 return width - 1
-        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()[:top]))])  # [top + 1]
+        expected = self._expected_batch_tokens(top, offers, sources)  # [top + 1]
         seconds = np.array([self.step_time(rows, k) or np.inf for k in range(top + 1)])
         best = int(np.argmax(expected / seconds))
         if self.steps % self.probe_interval == 0:
@@ -127,6 +163,20 @@ class SpeculationPolicy:
             # Alternate probing above and below the current best.
             best = min(best + 1, top) if probe % 2 == 0 or best == 0 else best - 1
         return best
+
+    def _expected_batch_tokens(self, top: int, offers: np.ndarray | None, sources: np.ndarray | None) -> np.ndarray:
+        """[top + 1] expected tokens the step yields at k = 0..top (per row when every row offers `top`)."""
+        if offers is None:
+            return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()[:top]))])
+        sources = np.zeros_like(offers) if sources is None else sources
+        total = np.full(top + 1, float(offers.size))
+        for source in np.unique(sources):
+            # gains[j]: expected accepted tokens when a row takes j draft tokens
+            gains = np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(int(source))[:top]))])
+            row_offers = np.minimum(offers[sources == source], top)  # [n]
+            taken = np.minimum(row_offers[:, None], np.arange(top + 1))  # [n, top + 1]
+            total += gains[taken].sum(axis=0)
+        return total
 
 
 def _value(timing: _Timing | None) -> float | None:

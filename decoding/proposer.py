@@ -10,18 +10,34 @@ A proposer may keep per-row state (a draft model keeps a KV cache and how much o
 seen); `BatchState` tells it when rows are added, moved or dropped (`resize`), and freed (`release`):
 see `RowState`.
 Target-only decoding has no proposer at all (k = 0 every step).
+
+Each step the engine first asks every row what it `offer`s (how many draft tokens, and from which
+proposer: a model-free proposer offers only what its match supports), picks k from those offers
+(decoding/k_policy.py), then asks for the proposal itself with each row's own count.
+Implementations: decoding/draft_model.py, decoding/model_free.py (prompt lookup, the suffix index,
+and the hybrid of either with a draft model).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
 
 from specq.decoding.batch import Admission, BatchState, RowState
 
 if TYPE_CHECKING:
     from specq.decoding.stats import EngineStats
+
+
+@dataclass
+class Offer:
+    """What each row would propose this step, host arrays over all rows (rows not live: 0)."""
+
+    lengths: np.ndarray  # [rows] int64, the most draft tokens the row offers (0: none)
+    sources: np.ndarray  # [rows] int64, the proposer each row's draft comes from (decoding.stats.PROPOSERS)
 
 
 class Proposer(RowState, Protocol):
@@ -33,16 +49,24 @@ class Proposer(RowState, Protocol):
         Sequences then hold only their prompt; a row's first proposal follows its last prompt token."""
         ...
 
-    def propose(self, batch: BatchState, k: int, stats: EngineStats) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k draft tokens for every row, following `batch.token_ids[:, :seq_lens]`.
+    def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
+        """Per row, up to `limits[row]` (<= max_k) draft tokens it could propose after its sequence."""
+        ...
+
+    def propose(
+        self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to k draft tokens for every row (row b's first `num_draft_h[b]` count), following
+        `batch.token_ids[:, :seq_lens]`, as the last `offer` said.
 
         Returns draft_token_ids [rows, k] int64 and draft_probs [rows, k, vocab] float32 (each row's
-        distribution at each position, under `batch.sampling`), or None for draft_probs when
-        `batch.sampling.all_greedy`. Rows that are not live get tokens that are ignored. No host sync.
+        distribution at each position, under `batch.sampling`; one-hot for a looked-up token), or None
+        for draft_probs when no step reads them (all rows greedy, or reproducible sampling). Rows that
+        are not live, and positions past a row's count, get tokens that are ignored.
         """
         ...
 
-    def advance(self, batch: BatchState) -> None:
-        """The step appended each row's output to `batch` (`seq_lens` moved on): roll back per row what
-        followed a rejected draft token."""
+    def advance(self, batch: BatchState, output_ids: np.ndarray, emitted: np.ndarray) -> None:
+        """The step appended each row's output to `batch` (`seq_lens` moved on): row b gained
+        `output_ids[b, : emitted[b]]` (host copies). Roll back per row what followed a rejected draft token."""
         ...

@@ -9,12 +9,26 @@ Terms (vLLM's rejection sampler):
 
 acceptance rate = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts
 (it counts the recovered or bonus token each draft also yields).
+
+`by_proposer` splits drafts, draft tokens and accepted tokens by where each draft came from: the draft
+model, prompt lookup (`ngram`) or the job's suffix index (`suffix`); see `PROPOSERS`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
+
+# Where a row's draft came from; a proposer's `sources` hold these indices.
+PROPOSERS = ("draft", "ngram", "suffix")
+DRAFT_MODEL, NGRAM, SUFFIX = range(3)
+PROPOSER_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+
+
+def empty_by_proposer() -> dict[str, dict[str, int]]:
+    return {name: dict.fromkeys(PROPOSER_COUNTERS, 0) for name in PROPOSERS}
 
 
 @dataclass
@@ -32,6 +46,7 @@ class EngineStats:
     time_draft_s: float = 0.0  # draft forward passes while proposing
     time_target_s: float = 0.0  # target forward passes while verifying / decoding
     time_total_s: float = 0.0  # wall time inside generate()
+    by_proposer: dict[str, dict[str, int]] = field(default_factory=empty_by_proposer)
     k_steps: dict[int, int] = field(default_factory=dict)  # k -> steps that proposed k draft tokens
     # Summed seconds and counts per kind of timed work, keyed `draft@B` (one draft forward), `target:N@B`
     # (one target forward with N tokens a row) and `step:k@B` (a whole step proposing k), at B rows; the
@@ -42,6 +57,16 @@ class EngineStats:
     def add_time(self, key: str, seconds: float, count: int = 1) -> None:
         self.timed_seconds[key] = self.timed_seconds.get(key, 0.0) + seconds
         self.timed_counts[key] = self.timed_counts.get(key, 0) + count
+
+    def count_drafts(self, sources: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Book one step's drafts by proposer: sources, drafted, accepted are [rows] of the live rows."""
+        for source, name in enumerate(PROPOSERS):
+            mine = (sources == source) & (drafted > 0)
+            if mine.any():
+                counters = self.by_proposer[name]
+                counters["drafts"] += int(mine.sum())
+                counters["draft_tokens"] += int(drafted[mine].sum())
+                counters["accepted_tokens"] += int(accepted[mine].sum())
 
     def mean_seconds(self) -> dict[str, float]:
         return {key: self.timed_seconds[key] / n for key, n in self.timed_counts.items() if n}

@@ -4,6 +4,8 @@
 - mean acceptance length = 1 + accepted tokens / drafts (each draft also yields a recovered or bonus
   token);
 - acceptance per position i = drafts whose token i was accepted / drafts;
+- acceptance by proposer: the same rate over the drafts of one proposer (the draft model, prompt
+  lookup `ngram`, the suffix index `suffix`);
 - tokens per second = generated tokens / wall time since the job started (to its end, or to now):
   the job's throughput across all its workers.
 
@@ -23,6 +25,7 @@ from specq.db.models import Batch, Job, Worker
 from specq.db.session import Database, schema_ready
 from specq.db.states import JOB_TERMINAL, WorkerState
 from specq.db.types import utcnow
+from specq.decoding.stats import PROPOSER_COUNTERS, empty_by_proposer
 from specq.errors import JobNotFoundError
 from specq.queue import QueueSettings
 
@@ -34,7 +37,13 @@ def _iso(value: datetime | None) -> str | None:
 def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any]]:
     """Per job: summed draft counters and per-position acceptance."""
     out: dict[str, dict[str, Any]] = {
-        job_id: {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "per_position": []}
+        job_id: {
+            "num_drafts": 0,
+            "num_draft_tokens": 0,
+            "num_accepted_tokens": 0,
+            "per_position": [],
+            "by_proposer": empty_by_proposer(),
+        }
         for job_id in job_ids
     }
     rows = session.execute(
@@ -44,9 +53,10 @@ def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, An
             Batch.num_draft_tokens,
             Batch.num_accepted_tokens,
             Batch.accepted_per_position,
+            Batch.by_proposer,
         ).where(Batch.job_id.in_(job_ids), Batch.ended_at.is_not(None))
     )
-    for job_id, drafts, draft_tokens, accepted, per_position in rows:
+    for job_id, drafts, draft_tokens, accepted, per_position, by_proposer in rows:
         agg = out[job_id]
         agg["num_drafts"] += drafts
         agg["num_draft_tokens"] += draft_tokens
@@ -57,6 +67,10 @@ def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, An
                 sums[i] += n
             else:
                 sums.append(n)
+        for name, counters in (by_proposer or {}).items():
+            totals = agg["by_proposer"].setdefault(name, dict.fromkeys(PROPOSER_COUNTERS, 0))
+            for key in PROPOSER_COUNTERS:
+                totals[key] += int(counters.get(key, 0))
     return out
 
 
@@ -79,8 +93,18 @@ def _describe(job: Job, spec: dict[str, Any], now: datetime) -> dict[str, Any]:
         "num_drafts": drafts,
         "num_draft_tokens": draft_tokens,
         "num_accepted_tokens": accepted,
+        "acceptance_by_proposer": {
+            name: {
+                **counters,
+                "acceptance_rate": counters["accepted_tokens"] / counters["draft_tokens"]
+                if counters["draft_tokens"]
+                else 0.0,
+            }
+            for name, counters in spec["by_proposer"].items()
+        },
         "target": job.target,
         "draft": job.draft,
+        "model_free": job.settings.get("decoding", {}).get("model_free"),
         "input": job.input_name,
         "created_at": _iso(job.created_at),
         "started_at": _iso(job.started_at),

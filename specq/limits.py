@@ -55,6 +55,8 @@ NUM_SPECULATIVE_TOKENS = Limit(0, 32, description="K, the most draft tokens a st
 BATCH_SIZE = Limit(1, 65_536, description="sequences decoded together; a sanity bound far past any device's memory")
 # exact: modified rejection sampling; reproducible: the coupled exponential race (decoding/sampling.py)
 SAMPLING_MODES = ("exact", "reproducible")
+# model-free proposers (decoding/model_free.py): prompt lookup; the job's suffix index plus prompt lookup
+MODEL_FREE = ("ngram", "suffix")
 # `specq bench` compares speculation with target-only decoding: it needs K >= 1
 BENCH_SPECULATIVE_TOKENS = replace(NUM_SPECULATIVE_TOKENS, low=1, description="K of `specq bench`: at least 1")
 # The input size limits (--max-line-bytes, --max-input-bytes): a line is read with readline(limit + 1),
@@ -64,3 +66,7 @@ INPUT_BYTES = Limit(1, 1 << 60, description="the largest input file read")
 # A prompt given as token ids: each fits a signed 32-bit integer (the tokenizer's vocabulary is checked
 # when the request is prepared)
 TOKEN_ID = Limit(0, 2**31 - 1, description="a token id; the vocabulary's size is checked per request later")
+
+# `specq bench --workloads W --drafts D` (bench/workloads.py, bench/draft_axis.py)
+BENCH_WORKLOADS = ("continuation", "grounded", "templated")
+BENCH_DRAFTS = ("target_only", "draft", "ngram", "suffix", "hybrid")

@@ -248,3 +248,41 @@ def test_bench_end_to_end(tiny_pair, tmp_path):
 def test_bench_rejects_half_a_pair(tiny_pair):
     result = CliRunner().invoke(cli, ["bench", "--target", str(tiny_pair[0])], env={"SPECQ_DRAFT": None})
     assert result.exit_code == 2, result.output
+
+
+def test_the_draft_axis_runs_every_contender_on_every_workload_with_identical_greedy_outputs(tiny_pair):
+    from specq.bench.draft_axis import markdown, run_draft_axis
+    from specq.models.loading import load_pair
+
+    pair = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None)
+    results = run_draft_axis(
+        pair.target,
+        pair.draft,
+        pair.tokenizer,
+        ["continuation", "grounded", "templated"],
+        ["draft", "ngram", "suffix", "hybrid"],
+        [1, 2],
+        num_prompts=2,
+        prompt_chars=64,
+        max_tokens=6,
+        num_speculative_tokens=3,
+        temperature=0.0,
+        seed=0,
+        warmup=0,
+        repeats=1,
+    )
+    rows = results["rows"]
+    assert [(r["workload"], r["batch_size"]) for r in rows] == [
+        (w, b) for w in ("continuation", "grounded", "templated") for b in (1, 2)
+    ]
+    for row in rows:
+        assert list(row["contenders"]) == ["target_only", "draft", "ngram", "suffix", "hybrid"]
+        assert row["same_output_all"] is True, row["mismatches"]
+    assert markdown(results).count("\n") == 2 + 5 * len(rows)
+
+
+def test_an_unknown_workload_or_draft_is_a_usage_error():
+    for args in (["--workloads", "chat"], ["--workloads", "grounded", "--drafts", "eagle"]):
+        result = CliRunner().invoke(cli, ["bench", *args])
+        assert result.exit_code == 2, result.output
+        assert "choose from" in result.output

@@ -72,3 +72,33 @@ def test_one_slow_step_does_not_move_the_choice():
     policy.observe_step(1, 4, 0.004, 5.0, 5.004)  # a garbage collection, a neighbour's burst
     chosen = _drive(policy, rows=1, t_draft=0.001, t_target=lambda n: 0.010, acceptance=0.8, steps=5)
     assert chosen[:4] == [4, 4, 4, 4]
+
+
+def _measured(policy: SpeculationPolicy, rows: int, t_target) -> None:
+    for width in range(1, policy.max_k + 2):
+        for _ in range(3):
+            policy.observe_step(rows, width - 1, 0.0, t_target(width), t_target(width))
+
+
+def test_a_few_matching_rows_do_not_widen_a_compute_bound_batch():
+    # verification costs its width (a CPU at 16 rows); model-free proposals accepted at 90%
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    _measured(policy, 16, lambda width: 0.010 * width)
+    for _ in range(50):
+        policy.observe_acceptance(np.array([4, 3, 4]), np.array([4, 4, 4]), np.array([1, 1, 1]))
+    sources = np.ones(16, np.int64)
+    one_match = np.array([4] + [0] * 15)
+    assert policy.choose(16, 4, one_match, sources) == 0
+    # where verification is flat (a GPU at small batch) the same single match is worth its width
+    flat = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    _measured(flat, 16, lambda width: 0.010)
+    for _ in range(50):
+        flat.observe_acceptance(np.array([4, 3, 4]), np.array([4, 4, 4]), np.array([1, 1, 1]))
+    assert flat.choose(16, 4, one_match, sources) == 4
+
+
+def test_acceptance_is_measured_per_proposer():
+    policy = SpeculationPolicy(4, fixed=False)
+    for _ in range(50):
+        policy.observe_acceptance(np.array([4, 0]), np.array([4, 4]), np.array([1, 0]))
+    assert policy.acceptance(1).min() > 0.9 and policy.acceptance(0).max() < 0.1

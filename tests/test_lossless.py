@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding import engine as decoding_engine
-from specq.decoding.config import SamplingMode
+from specq.decoding.config import ModelFree, SamplingMode
 from specq.decoding.rejection import rejection_sample
 from specq.decoding.sampling import sample_from_probs
 from tests.test_sampling import truncated_reference
@@ -40,16 +40,18 @@ def models():
     return lossless_pair()
 
 
-def _exact_joint(target, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """P(t1, t2 | PROMPT) under the target at these settings: [V, V]. The top-k / top-p cut is the
+def _exact_joint(
+    target, temperature: float, top_k: int = 0, top_p: float = 1.0, prompt: tuple[int, ...] = PROMPT
+) -> torch.Tensor:
+    """P(t1, t2 | prompt) under the target at these settings: [V, V]. The top-k / top-p cut is the
     reference of tests/test_sampling.py, not specq's own."""
 
     def probs(logits: torch.Tensor) -> torch.Tensor:  # [V]
         return truncated_reference(logits / temperature, top_p, top_k)
 
     with torch.no_grad():
-        first = probs(target(torch.tensor([PROMPT])).logits[0, -1])  # [V]
-        follow = torch.tensor([[*PROMPT, t] for t in range(target.config.vocab_size)])
+        first = probs(target(torch.tensor([prompt])).logits[0, -1])  # [V]
+        follow = torch.tensor([[*prompt, t] for t in range(target.config.vocab_size)])
         second = torch.stack([probs(row) for row in target(follow).logits[:, -1]])  # [V, V]
     return first[:, None] * second
 
@@ -62,15 +64,20 @@ def _sampled_joint(
     sampling: SamplingMode = "exact",
     top_k: int = 0,
     top_p: float = 1.0,
+    model_free: ModelFree | None = None,
+    prompt: tuple[int, ...] = PROMPT,
 ) -> torch.Tensor:
+    """`model_free`: that proposer (decoding/model_free.py), alone or beside `draft`."""
     params = SamplingParams(max_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p)
-    requests = [GenerationRequest(i, PROMPT, replace(params, seed=i)) for i in range(SAMPLES)]
+    requests = [GenerationRequest(i, prompt, replace(params, seed=i)) for i in range(SAMPLES)]
     # EOS off: the tiny vocabulary must not end sequences early
     engine = SpeculativeEngine(
         target,
         _NoEos(),
         draft,
-        DecodingConfig(num_speculative_tokens=2, fixed_k=True, batch_size=2048, sampling=sampling),
+        DecodingConfig(
+            num_speculative_tokens=2, fixed_k=True, batch_size=2048, sampling=sampling, model_free=model_free
+        ),
     )
     vocab = target.config.vocab_size
     if point_mass:  # a model-free proposer in the draft's place
@@ -78,7 +85,7 @@ def _sampled_joint(
     counts = torch.zeros(vocab, vocab)
     for result in engine.generate(requests):
         counts[result.token_ids[0], result.token_ids[1]] += 1
-    if draft is not None or point_mass:
+    if draft is not None or point_mass or model_free:
         assert engine.stats.num_draft_tokens > 0 and 0.05 < engine.stats.acceptance_rate < 0.95
     return counts
 

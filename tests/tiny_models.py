@@ -5,8 +5,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from specq.decoding.proposer import Offer
+from specq.decoding.stats import NGRAM
 
 EOS = 1
 BOS = 0
@@ -126,14 +130,19 @@ class RepeatLastToken:
     def admit(self, batch, admission, stats) -> None:
         pass
 
-    def propose(self, batch, k: int, stats):
+    def offer(self, batch, live, limits):
+        lengths = np.zeros(batch.rows, np.int64)
+        lengths[live] = np.minimum(limits[live], self.max_k)
+        return Offer(lengths, np.full(batch.rows, NGRAM, np.int64))
+
+    def propose(self, batch, k: int, num_draft_h, stats):
         last = batch.token_ids.gather(1, (batch.seq_lens - 1).unsqueeze(1))  # [rows, 1]
         draft_token_ids = last.expand(-1, k).contiguous()  # [rows, k]
         if batch.sampling.all_greedy:
             return draft_token_ids, None
         return draft_token_ids, torch.nn.functional.one_hot(draft_token_ids, self.vocab_size).float()
 
-    def advance(self, batch) -> None:
+    def advance(self, batch, output_ids, emitted) -> None:
         pass
 
     def release(self, rows, rows_t) -> None:

@@ -266,8 +266,18 @@ def _run_batch(
     with ctx.db.session() as session:
         batch_id = start_batch(session, job.id, ctx.config.name, ctx.config.device, len(pending))
     _set_worker(ctx, WorkerState.BUSY, job.id, batch_id)
-    policy_key = (job.target, job.draft, job.settings.get("dtype"), config.num_speculative_tokens, config.fixed_k)
-    engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, config, policy=ctx.policies.get(policy_key))
+    policy_key = (
+        job.target,
+        job.draft,
+        job.settings.get("dtype"),
+        config.num_speculative_tokens,
+        config.fixed_k,
+        config.model_free,
+    )
+    suffix_index = ctx.suffix_index(job.id) if config.model_free == "suffix" else None
+    engine = SpeculativeEngine(
+        pair.target, pair.tokenizer, pair.draft, config, policy=ctx.policies.get(policy_key), suffix_index=suffix_index
+    )
     ctx.policies[policy_key] = engine.policy
     results: Iterator[GenerationResult] = engine.generate(feed.requests(list(pending.values())))
     try:

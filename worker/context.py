@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from specq.worker.model_cache import ModelCache
 
 if TYPE_CHECKING:
     from specq.decoding.k_policy import SpeculationPolicy
+    from specq.decoding.suffix_index import SuffixIndex
     from specq.worker.metrics import WorkerMetrics
 
 
@@ -54,6 +56,9 @@ class SharedState:
             self.abandoned[chunk] = self.abandoned.get(chunk, frozenset()) | self.holding
 
 
+MAX_SUFFIX_INDEXES = 4  # jobs whose suffix index a worker keeps (each bounded: decoding/suffix_index.py)
+
+
 class WorkerContext:
     def __init__(
         self,
@@ -73,8 +78,23 @@ class WorkerContext:
         # one adaptive-k policy per model pair and speculation setting, so the step times and acceptance it
         # measured carry over from batch to batch instead of being learnt again each time
         self.policies: dict[tuple, SpeculationPolicy] = {}
+        # the suffix index of each job this worker serves with `--draft suffix`, fed by its prompts and
+        # outputs from batch to batch; the least recently served beyond MAX_SUFFIX_INDEXES dropped
+        self.suffix_indexes: OrderedDict[str, SuffixIndex] = OrderedDict()
         self.metrics = metrics
         self.shared = SharedState()
         # the task thread's own memory: requests this process marked started and has not finished; when
         # a chunk is retried here (the database went away) they are neither suspects nor counted again
         self.started: set[int] = set()
+
+    def suffix_index(self, job_id: str) -> SuffixIndex:
+        """The job's suffix index in this worker, created on first use."""
+        from specq.decoding.suffix_index import SuffixIndex
+
+        index = self.suffix_indexes.pop(job_id, None)
+        if index is None:  # not `or`: an empty index is falsy (len 0)
+            index = SuffixIndex()
+        self.suffix_indexes[job_id] = index
+        while len(self.suffix_indexes) > MAX_SUFFIX_INDEXES:
+            self.suffix_indexes.popitem(last=False)
+        return index

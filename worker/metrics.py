@@ -73,6 +73,8 @@ class WorkerMetrics:
     num_draft_tokens: Counter
     num_accepted_tokens: Counter
     num_accepted_tokens_per_pos: Counter
+    proposer_draft_tokens: Counter
+    proposer_accepted_tokens: Counter
     generation_tokens: Counter
     prompt_tokens: Counter
     request_success: Counter
@@ -109,6 +111,18 @@ class WorkerMetrics:
                 "specq_spec_decode_num_accepted_tokens_per_pos",
                 "Drafts whose token at this position was accepted.",
                 (*LABELS, "position"),
+                registry=r,
+            ),
+            proposer_draft_tokens=Counter(
+                "specq_spec_decode_num_draft_tokens_by_proposer",
+                "Draft tokens proposed, by proposer (draft, ngram, suffix).",
+                (*LABELS, "proposer"),
+                registry=r,
+            ),
+            proposer_accepted_tokens=Counter(
+                "specq_spec_decode_num_accepted_tokens_by_proposer",
+                "Draft tokens accepted by the target, by proposer (draft, ngram, suffix).",
+                (*LABELS, "proposer"),
                 registry=r,
             ),
             generation_tokens=Counter("specq_generation_tokens", "Tokens generated.", LABELS, registry=r),
@@ -179,6 +193,9 @@ class WorkerMetrics:
         self.num_accepted_tokens.labels(*labels).inc(stats.num_accepted_tokens)
         for position, accepted in enumerate(stats.accepted_per_position):
             self.num_accepted_tokens_per_pos.labels(*labels, str(position)).inc(accepted)
+        for proposer, counters in stats.by_proposer.items():
+            self.proposer_draft_tokens.labels(*labels, proposer).inc(counters["draft_tokens"])
+            self.proposer_accepted_tokens.labels(*labels, proposer).inc(counters["accepted_tokens"])
         self.generation_tokens.labels(*labels).inc(stats.num_generated_tokens)
         self.prompt_tokens.labels(*labels).inc(stats.prefill_tokens)
 

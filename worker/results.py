@@ -125,6 +125,7 @@ def end_batch(session: Session, batch_id: int, stats: EngineStats) -> None:
             draft_forwards=stats.draft_forwards,
             prefill_tokens=stats.prefill_tokens,
             seconds=stats.time_total_s,
+            by_proposer=stats.by_proposer,
         )
         .execution_options(synchronize_session=False)
     )

@@ -1,0 +1,266 @@
+"""`specq bench --workloads ...`: the draft axis, side by side in one run.
+
+For each workload (bench/workloads.py) and batch size B, on the same prompt token ids, greedy or
+sampled alike for every contender:
+
+    target_only   no proposer (plain batched decoding, k = 0);
+    draft         the draft model, adaptive k;
+    ngram         prompt lookup, adaptive k (decoding/model_free.py);
+    suffix        the job's suffix index plus prompt lookup, adaptive k;
+    hybrid        the draft model and the suffix index (plus prompt lookup), row by row in one verify pass.
+
+Each contender is warmed up once (its adaptive-k policy keeps what the warm-up measured), then the
+timed passes take turns, as in bench/runner.py. Each pass starts from an EMPTY suffix index: the
+warm-up's outputs of the same prompts would otherwise be replayed, which no real job gets. Greedy
+outputs are compared with target-only's on every row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from specq.bench.runner import Run, _collect, _Contender, _measure, compare_outputs, mean_k, paired_ratio
+from specq.bench.workloads import workload_prompts
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding.config import ModelFree
+from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.stats import PROPOSERS, EngineStats, empty_by_proposer
+from specq.decoding.suffix_index import SuffixIndex
+
+# contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer)
+DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
+    "target_only": (False, None),
+    "draft": (True, None),
+    "ngram": (False, "ngram"),
+    "suffix": (False, "suffix"),
+    "hybrid": (True, "suffix"),
+}
+
+
+class _FreshIndexContender(_Contender):
+    """An engine per pass, sharing one adaptive-k policy, each with an empty suffix index."""
+
+    def __init__(self, run: Run, make_engine: Callable[[SpeculationPolicy | None], SpeculativeEngine], requests):
+        super().__init__(run, lambda: None)  # type: ignore[arg-type, return-value]
+        self.make_engine, self.requests = make_engine, requests
+        self.policy: SpeculationPolicy | None = None
+        self.timed: list[EngineStats] = []
+        self.timing = False
+
+    def once(self) -> tuple[dict[int, list[int]], float]:
+        engine = self.make_engine(self.policy)
+        self.policy = engine.policy
+        started = time.perf_counter()
+        outputs = _collect(engine.generate(self.requests))
+        seconds = time.perf_counter() - started
+        if self.timing:
+            self.timed.append(engine.stats)
+        return outputs, seconds
+
+    def begin(self) -> None:
+        self.timing = True
+
+    def end(self) -> None:
+        self.run.stats = _summed(self.timed)
+
+
+def _summed(all_stats: list[EngineStats]) -> dict[str, Any]:
+    by_proposer = empty_by_proposer()
+    k_steps: dict[int, int] = {}
+    drafted = accepted = 0
+    for stats in all_stats:
+        drafted += stats.num_draft_tokens
+        accepted += stats.num_accepted_tokens
+        for name, counters in stats.by_proposer.items():
+            for key, value in counters.items():
+                by_proposer[name][key] += value
+        for k, n in stats.k_steps.items():
+            k_steps[k] = k_steps.get(k, 0) + n
+    return {
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "by_proposer": by_proposer,
+        "k_steps": k_steps,
+    }
+
+
+def run_draft_axis(
+    target,
+    draft,
+    tokenizer,
+    workloads: Sequence[str],
+    drafts: Sequence[str],
+    batch_sizes: Sequence[int],
+    *,
+    num_prompts: int,
+    prompt_chars: int,
+    max_tokens: int,
+    num_speculative_tokens: int,
+    temperature: float,
+    seed: int,
+    warmup: int,
+    repeats: int,
+    progress: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Every contender of `drafts` (keys of DRAFTS; target_only always) on every workload and batch size."""
+    from specq.bench.runner import BenchSettings
+    from specq.models.loading import tokenize_prompt
+
+    names = ["target_only", *[d for d in drafts if d != "target_only"]]
+    settings = BenchSettings(batch_sizes=tuple(batch_sizes), warmup=warmup, repeats=repeats)
+    rows: list[dict[str, Any]] = []
+    prompt_counts: dict[str, int] = {}
+    for workload in workloads:
+        texts = workload_prompts(workload, num_prompts, prompt_chars)
+        prompts = [tokenize_prompt(tokenizer, prompt=text) for text in texts]
+        prompt_counts[workload] = sum(map(len, prompts))
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+        requests = [
+            GenerationRequest(i, tuple(p), SamplingParams(**{**vars(params), "seed": seed + i}))
+            for i, p in enumerate(prompts)
+        ]
+        for b in batch_sizes:
+            contenders: list[_Contender] = []
+            for name in names:
+                uses_draft, model_free = DRAFTS[name]
+                config = DecodingConfig(
+                    num_speculative_tokens=num_speculative_tokens, batch_size=b, model_free=model_free
+                )
+
+                def make_engine(policy, config=config, uses_draft=uses_draft):
+                    return SpeculativeEngine(
+                        target,
+                        tokenizer,
+                        draft if uses_draft else None,
+                        config,
+                        policy=policy,
+                        suffix_index=SuffixIndex(),
+                    )
+
+                contenders.append(_FreshIndexContender(Run(name, b), make_engine, requests))
+            progress(f"{workload} B={b}: {', '.join(names)}")
+            _measure(contenders, settings)
+            runs = {c.run.name: c.run for c in contenders}
+            rows.append(_row(workload, b, runs, compare=temperature == 0))
+            progress(_summary(rows[-1]))
+    return {"rows": rows, "prompt_tokens": prompt_counts}
+
+
+def _row(workload: str, batch_size: int, runs: dict[str, Run], compare: bool) -> dict[str, Any]:
+    plain = runs["target_only"]
+    mismatches = compare_outputs({name: run.outputs for name, run in runs.items()}) if compare else None
+    contenders = {}
+    for name, run in runs.items():
+        stats = run.stats or {}
+        by_proposer = stats.get("by_proposer", {})
+        contenders[name] = {
+            "tokens_per_s": run.tokens_per_second,
+            "over_target_only": paired_ratio(run, plain),
+            "acceptance_rate": stats.get("acceptance_rate"),
+            "acceptance_by_proposer": {
+                p: c["accepted_tokens"] / c["draft_tokens"]
+                for p, c in by_proposer.items()
+                if p in PROPOSERS and c["draft_tokens"]
+            },
+            "draft_tokens_by_proposer": {p: c["draft_tokens"] for p, c in by_proposer.items() if c["draft_tokens"]},
+            "mean_k": mean_k({int(k): n for k, n in stats.get("k_steps", {}).items()}),
+            "same_output": None if mismatches is None else not any(m["run"] == name for m in mismatches),
+            "seconds": statistics.median(run.seconds),
+        }
+    return {
+        "workload": workload,
+        "batch_size": batch_size,
+        "contenders": contenders,
+        "same_output_all": None if mismatches is None else not mismatches,
+        "mismatches": mismatches,
+    }
+
+
+def _summary(row: dict[str, Any]) -> str:
+    parts = [
+        f"{name} {c['tokens_per_s']:.1f} tok/s ({c['over_target_only']:.2f}x)" for name, c in row["contenders"].items()
+    ]
+    return f"{row['workload']} B={row['batch_size']}: " + "; ".join(parts)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The table for docs/benchmarks.md: per workload and batch size, each contender's tokens/s, its
+    speedup over target-only, its acceptance (split by proposer for the hybrid), greedy identity."""
+    lines = [
+        "| workload | B | contender | tokens/s | vs target-only | acceptance | by proposer | mean k | same output |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in results["rows"]:
+        for name, c in row["contenders"].items():
+            acceptance = "-" if c["acceptance_rate"] is None else f"{c['acceptance_rate']:.2f}"
+            split = " ".join(f"{p}:{a:.2f}" for p, a in c["acceptance_by_proposer"].items()) or "-"
+            k = "-" if c["mean_k"] is None else f"{c['mean_k']:.2f}"
+            same = "n/a" if c["same_output"] is None else ("yes" if c["same_output"] else "NO")
+            lines.append(
+                f"| {row['workload']} | {row['batch_size']} | {name} | {c['tokens_per_s']:.1f} | "
+                f"{c['over_target_only']:.2f}x | {acceptance} | {split} | {k} | {same} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_draft_axis_benchmark(
+    target: str | None,
+    draft: str | None,
+    workloads: Sequence[str],
+    drafts: Sequence[str],
+    batch_sizes: Sequence[int],
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    threads: int | None = None,
+    command: str | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """The draft axis as `specq bench --workloads` runs it: load the pair (None, None: the demo pair),
+    run `run_draft_axis`, and return its results with the command, date, machine and models."""
+    import os
+    from datetime import UTC, datetime
+
+    import torch
+
+    from specq.bench.runner import machine_info
+    from specq.errors import SpecqError
+    from specq.models.loading import load_pair
+
+    if threads:
+        torch.set_num_threads(threads)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    started = time.perf_counter()
+    try:
+        if target is None or draft is None:
+            from specq.models.demo import build_demo_models
+
+            progress("using the demo pair (building it on first use takes a few minutes)")
+            demo = build_demo_models()
+            target, draft = str(demo.target_dir), str(demo.draft_dir)
+        pair = load_pair(target, draft, device, dtype)
+    except ValueError as exc:
+        raise SpecqError(str(exc)) from exc
+    machine = machine_info(device, dtype)
+    results = run_draft_axis(
+        pair.target, pair.draft, pair.tokenizer, workloads, drafts, batch_sizes, progress=progress, **settings
+    )
+    return {
+        "command": command,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": {**machine, "load_average_end": list(os.getloadavg())},
+        "models": {"target": target, "draft": draft},
+        "settings": {
+            **settings,
+            "workloads": list(workloads),
+            "drafts": list(drafts),
+            "batch_sizes": list(batch_sizes),
+        },
+        **results,
+    }

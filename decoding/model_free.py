@@ -1,0 +1,193 @@
+"""Model-free proposers: prompt lookup alone, with the job's suffix index, or beside a draft model.
+
+- `ModelFreeProposer`: per row, the tokens that followed the longest earlier match of the row's
+  suffix in its own sequence (decoding/prompt_lookup.py; Saxena 2023, vLLM's `ngram`) and, with a
+  `SuffixIndex`, the most frequent continuation in the job's prompts and finished outputs
+  (decoding/suffix_index.py; SuffixDecoding, Oliaro et al. 2025), whichever is longer. A row without
+  a match offers nothing and costs only its verified token.
+- `HybridProposer`: a draft model and a model-free proposer within ONE verify pass; each row takes
+  the model-free proposal when its measured acceptance says it yields at least as many tokens as the
+  draft model would, else the draft model's. A step where no row wants the draft model runs no draft
+  forward at all.
+
+A looked-up token is a point mass: its draft probability is one-hot, so modified rejection sampling
+accepts it with probability target_probs[token] and, on rejection, samples the recovered token from
+the target with that token removed, exactly (decoding/rejection.py); reproducible sampling accepts
+it iff it is the target's race winner. Lossless either way, as for a draft model.
+
+All of it runs on the host, on host copies of the rows' tokens fed by the step's one read-back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from specq.decoding.prompt_lookup import RowLookup
+from specq.decoding.proposer import Offer
+from specq.decoding.stats import DRAFT_MODEL, NGRAM, SUFFIX
+
+if TYPE_CHECKING:
+    from specq.decoding.batch import Admission, BatchState
+    from specq.decoding.draft_model import DraftModelProposer
+    from specq.decoding.k_policy import SpeculationPolicy
+    from specq.decoding.stats import EngineStats
+    from specq.decoding.suffix_index import SuffixIndex
+
+# Prompt lookup's match lengths. Below 3 tokens a match in code or prose is mostly chance (a one- or
+# two-token n-gram recurs everywhere) and its proposals are rejected often enough to cost more verify
+# width than they earn; 6 covers the distinctive spans.
+MIN_MATCH, MAX_MATCH = 3, 6
+# How many context tokens of a finished row's prompt are fed with its output to the suffix index, so
+# that the output's first tokens are indexed after the contexts that led to them.
+_OUTPUT_CONTEXT = 8
+
+
+def point_mass_probs(draft_token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """draft_probs of looked-up tokens: [rows, k] -> [rows, k, V], one-hot."""
+    return torch.nn.functional.one_hot(draft_token_ids, vocab_size).to(torch.float32)
+
+
+def needs_draft_probs(batch: BatchState) -> bool:
+    """Only modified rejection sampling of sampled rows reads draft_probs."""
+    return not (batch.sampling.all_greedy or batch.sampling.reproducible)
+
+
+class ModelFreeProposer:
+    """Implements `Proposer` by looking tokens up: prompt lookup, and the suffix index when given."""
+
+    def __init__(
+        self,
+        max_k: int,
+        vocab_size: int,
+        suffix_index: SuffixIndex | None = None,
+        min_match: int = MIN_MATCH,
+        max_match: int = MAX_MATCH,
+    ) -> None:
+        self.max_k = max_k
+        self.vocab_size = vocab_size
+        self.suffix_index = suffix_index
+        self.min_match, self.max_match = min_match, max_match
+        self.lookups: list[RowLookup | None] = []  # [rows]
+        self.proposals: list[list[int]] = []  # [rows], the last offer's tokens
+
+    def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
+        for row in admission.rows:
+            slot = batch.slots[row]
+            assert slot is not None
+            prompt = list(slot.request.prompt_token_ids)
+            lookup = RowLookup(self.min_match, self.max_match, prompt_len=len(prompt))
+            lookup.extend(prompt)
+            self.lookups[row] = lookup
+            if self.suffix_index is not None:
+                self.suffix_index.add(prompt)
+
+    def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
+        lengths = np.zeros(batch.rows, np.int64)
+        sources = np.full(batch.rows, NGRAM, np.int64)
+        for row in live:
+            lookup = self.lookups[row]
+            limit = int(min(limits[row], self.max_k))
+            if lookup is None or limit <= 0:
+                self.proposals[row] = []
+                continue
+            tokens, _ = lookup.propose(limit)
+            if self.suffix_index is not None:
+                suffix = self.suffix_index.propose(lookup.tokens, limit)
+                if len(suffix.tokens) > len(tokens):
+                    tokens, sources[row] = suffix.tokens, SUFFIX
+            self.proposals[row] = tokens
+            lengths[row] = len(tokens)
+        return Offer(lengths, sources)
+
+    def propose(
+        self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        draft_h = np.zeros((batch.rows, k), np.int64)  # [rows, k]
+        for row in np.flatnonzero(num_draft_h):
+            tokens = self.proposals[row][: num_draft_h[row]]
+            draft_h[row, : len(tokens)] = tokens
+        draft_token_ids = torch.from_numpy(draft_h).to(batch.device)  # [rows, k]
+        if not needs_draft_probs(batch):
+            return draft_token_ids, None
+        return draft_token_ids, point_mass_probs(draft_token_ids, self.vocab_size)
+
+    def advance(self, batch: BatchState, output_ids: np.ndarray, emitted: np.ndarray) -> None:
+        for row in np.flatnonzero(emitted):
+            lookup = self.lookups[row]
+            if lookup is not None:
+                lookup.extend(output_ids[row, : emitted[row]].tolist())
+
+    def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
+        for row in rows:
+            lookup = self.lookups[row]
+            if lookup is not None and self.suffix_index is not None:
+                self.suffix_index.add(lookup.tokens[max(lookup.prompt_len - _OUTPUT_CONTEXT, 0) :])
+            self.lookups[row] = None
+            self.proposals[row] = []
+
+    def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
+        kept = list(range(len(self.lookups))) if keep is None else keep.tolist()
+        add = rows - len(kept)
+        self.lookups = [self.lookups[i] for i in kept] + [None] * add
+        self.proposals = [self.proposals[i] for i in kept] + [[] for _ in range(add)]
+
+
+class HybridProposer:
+    """Implements `Proposer` with a draft model and a model-free proposer, row by row."""
+
+    def __init__(self, draft: DraftModelProposer, model_free: ModelFreeProposer, policy: SpeculationPolicy) -> None:
+        self.draft, self.model_free, self.policy = draft, model_free, policy
+        self.max_k = draft.max_k
+        self._sources = np.zeros(0, np.int64)  # [rows], the last offer's
+
+    def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
+        self.draft.admit(batch, admission, stats)
+        self.model_free.admit(batch, admission, stats)
+
+    def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
+        looked_up = self.model_free.offer(batch, live, limits)
+        drafted = self.draft.offer(batch, live, limits)
+        lengths, sources = drafted.lengths.copy(), drafted.sources.copy()
+        for row in live[looked_up.lengths[live] > 0]:
+            source, length = int(looked_up.sources[row]), int(looked_up.lengths[row])
+            # expected tokens a row gains: what the measured acceptance of each proposer says
+            if self.policy.expected_tokens(length, source) >= self.policy.expected_tokens(int(lengths[row])):
+                lengths[row], sources[row] = length, source
+        self._sources = sources
+        return Offer(lengths, sources)
+
+    def propose(
+        self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        looked_up = (self._sources != DRAFT_MODEL) & (num_draft_h > 0)  # [rows]
+        by_draft = (self._sources == DRAFT_MODEL) & (num_draft_h > 0)
+        ids, probs = self.model_free.propose(batch, k, num_draft_h * looked_up, stats)
+        if not by_draft.any():
+            return ids, probs
+        draft_ids, draft_probs = self.draft.propose(batch, k, num_draft_h * by_draft, stats)
+        rows = np.flatnonzero(looked_up)
+        if rows.size == 0:
+            return draft_ids, draft_probs
+        rows_t = torch.from_numpy(rows).to(batch.device)  # [n]
+        self.draft.forget_drafts(rows_t, batch.seq_lens, batch.seq_h, rows)
+        draft_ids[rows_t] = ids[rows_t]
+        if draft_probs is not None and probs is not None:
+            draft_probs[rows_t] = probs[rows_t]
+        return draft_ids, draft_probs if needs_draft_probs(batch) else None
+
+    def advance(self, batch: BatchState, output_ids: np.ndarray, emitted: np.ndarray) -> None:
+        self.draft.advance(batch, output_ids, emitted)
+        self.model_free.advance(batch, output_ids, emitted)
+
+    def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
+        self.draft.release(rows, rows_t)
+        self.model_free.release(rows, rows_t)
+
+    def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
+        self.draft.resize(rows, capacity, keep)
+        self.model_free.resize(rows, capacity, keep)
+        kept = self._sources if keep is None else self._sources[keep]
+        self._sources = np.concatenate([kept, np.zeros(rows - kept.size, np.int64)])

@@ -1,0 +1,42 @@
+"""Prompt lookup (Saxena 2023, "prompt lookup decoding"; vLLM's `ngram` method), one row at a time.
+
+The row's longest suffix of `min_match..max_match` tokens that occurred earlier in the row (prompt
+and output so far) proposes the tokens that followed its most recent earlier occurrence. Lookups are
+O(max_match) dictionary probes: each n-gram's latest end is recorded as tokens arrive, instead of
+rescanning the sequence every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RowLookup:
+    """One row's sequence and, per n-gram (n in [min_match, max_match]) that has a continuation, where
+    its latest continuation starts."""
+
+    min_match: int
+    max_match: int
+    prompt_len: int = 0
+    tokens: list[int] = field(default_factory=list)
+    continuation_at: dict[tuple[int, ...], int] = field(default_factory=dict)
+
+    def extend(self, new_tokens: list[int]) -> None:
+        """Append tokens; every n-gram that now has a following token points at it."""
+        tokens = self.tokens
+        for token in new_tokens:
+            end = len(tokens)  # the n-grams ending before `token` now have `token` as continuation
+            for n in range(self.min_match, min(self.max_match, end) + 1):
+                self.continuation_at[tuple(tokens[end - n : end])] = end
+            tokens.append(token)
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """Up to `limit` tokens that followed the longest earlier match of the row's suffix, and that
+        match's length (0 and no tokens: no suffix of min_match tokens occurred before)."""
+        tokens = self.tokens
+        for n in range(min(self.max_match, len(tokens)), self.min_match - 1, -1):
+            start = self.continuation_at.get(tuple(tokens[len(tokens) - n :]))
+            if start is not None:
+                return tokens[start : start + limit], n
+        return [], 0

@@ -1,0 +1,90 @@
+"""A job-wide, bounded suffix index of token sequences (after SuffixDecoding, Oliaro et al. 2025).
+
+SuffixDecoding keeps suffix trees over prompts and previous outputs and speculates along the most
+frequent continuation of the current suffix, as far as the path's estimated probability stays high.
+This index keeps the same statistics in a flatter form: for every context of `min_context..max_context`
+tokens seen in the sequences fed to it, how often each token followed. A proposal starts from the
+longest context of the row's suffix that the index knows, repeatedly takes the most frequent next
+token, and stops once the product of the taken tokens' frequencies (the path's confidence) falls
+below `min_confidence`, so speculation is long where the job's outputs agree and short or none where
+they do not.
+
+Bounded: at most `max_contexts` contexts, the least recently fed evicted first; a full index
+evicts and never fails. One context costs about `BYTES_PER_CONTEXT` bytes of Python objects (a
+tuple of up to 8 ints and a small dict; measured by `benchmarks/suffix_index_memory.py` on the
+demo tokenizer's ids of held-out stdlib sources: 558 bytes), so the default bound, 100,000
+contexts, is about 56 MB per job.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+BYTES_PER_CONTEXT = 560  # measured (benchmarks/suffix_index_memory.py); the docs quote the figure
+
+
+@dataclass(frozen=True)
+class SuffixProposal:
+    tokens: list[int]  # the most frequent continuation, possibly empty
+    confidence: float  # the product of the proposed tokens' frequencies after their contexts
+
+
+class SuffixIndex:
+    def __init__(
+        self, max_contexts: int = 100_000, min_context: int = 2, max_context: int = 8, min_confidence: float = 0.4
+    ) -> None:
+        if max_contexts < 1 or not 1 <= min_context <= max_context:
+            raise ValueError("need max_contexts >= 1 and 1 <= min_context <= max_context")
+        self.max_contexts = max_contexts
+        self.min_context, self.max_context = min_context, max_context
+        self.min_confidence = min_confidence
+        # context -> {next token: count}; ordered by last use, the least recent first
+        self._followers: OrderedDict[tuple[int, ...], dict[int, int]] = OrderedDict()
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._followers)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Count every (context, next token) pair of `tokens`."""
+        followers = self._followers
+        for end in range(self.min_context, len(tokens)):
+            following = tokens[end]
+            for n in range(self.min_context, min(self.max_context, end) + 1):
+                context = tuple(tokens[end - n : end])
+                counts = followers.get(context)
+                if counts is None:
+                    followers[context] = {following: 1}
+                else:
+                    counts[following] = counts.get(following, 0) + 1
+                    followers.move_to_end(context)
+        while len(followers) > self.max_contexts:
+            followers.popitem(last=False)
+            self.evictions += 1
+
+    def propose(self, tokens: Sequence[int], limit: int) -> SuffixProposal:
+        """Up to `limit` tokens continuing `tokens`, with the path's confidence."""
+        path: list[int] = list(tokens[-self.max_context :])
+        proposed: list[int] = []
+        confidence = 1.0
+        while len(proposed) < limit:
+            counts = self._longest_known(path)
+            if counts is None:
+                break
+            token, count = max(counts.items(), key=lambda item: item[1])
+            step_confidence = confidence * count / sum(counts.values())
+            if step_confidence < self.min_confidence:
+                break
+            confidence = step_confidence
+            proposed.append(token)
+            path.append(token)
+        return SuffixProposal(proposed, confidence if proposed else 0.0)
+
+    def _longest_known(self, path: list[int]) -> dict[int, int] | None:
+        for n in range(min(self.max_context, len(path)), self.min_context - 1, -1):
+            counts = self._followers.get(tuple(path[len(path) - n :]))
+            if counts is not None:
+                return counts
+        return None

@@ -1,0 +1,186 @@
+"""Model-free proposers (decoding/model_free.py): prompt lookup, the job's suffix index, the hybrid.
+
+Unit checks of the lookup structures (matches, confidence, the index's bound), then the engine's
+guarantees with each proposer: greedy tokens equal the target's own, seeded reproducible tokens equal
+target-only decoding's, and sampled tokens follow the target's distribution (test_lossless.py's
+chi-square test, in both sampling modes, on a prompt whose repeats make the proposers propose, with
+the test's power shown on wrong samplers fed the same point masses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding import engine as decoding_engine
+from specq.decoding import sampling as decoding_sampling
+from specq.decoding.prompt_lookup import RowLookup
+from specq.decoding.suffix_index import SuffixIndex
+from tests.test_lossless import _exact_joint, _keeps_rejected_drafts, _pvalue, _sampled_joint, lossless_pair
+from tests.test_reproducible import _position_blind_noise
+from tests.tiny_models import IdTokenizer, noisy_copy, reference_greedy, tiny_llama
+
+# -- the lookup structures --------------------------------------------------------------------------
+
+
+def test_prompt_lookup_proposes_what_followed_the_longest_match():
+    lookup = RowLookup(min_match=2, max_match=4)
+    lookup.extend([7, 1, 2, 3, 9, 9, 5, 2, 3, 4, 8, 1, 2, 3])
+    # the suffix 1 2 3 occurred at 1..3 (followed by 9 9 5); 2 3 alone would point at 8..10 (4 8 1)
+    assert lookup.propose(3) == ([9, 9, 5], 3)
+    assert lookup.propose(10)[0] == [9, 9, 5, 2, 3, 4, 8, 1, 2, 3]  # up to the end of the sequence
+
+
+def test_prompt_lookup_without_a_match_proposes_nothing():
+    lookup = RowLookup(min_match=3, max_match=6)
+    lookup.extend([1, 2, 3, 4, 5, 1, 2])  # 1 2 recurs, but a match needs 3 tokens
+    assert lookup.propose(4) == ([], 0)
+
+
+def test_the_suffix_index_proposes_the_most_frequent_continuation_while_confident():
+    index = SuffixIndex(min_context=2, max_context=4, min_confidence=0.4)
+    for _ in range(3):
+        index.add([1, 2, 3, 4, 5, 6])
+    index.add([1, 2, 3, 4, 7, 8])
+    proposal = index.propose([9, 1, 2], limit=8)
+    # 3 4 always follow 1 2; then 5 (3 of 4) and 6; the path's confidence 0.75 stays above 0.4
+    assert proposal.tokens == [3, 4, 5, 6]
+    assert proposal.confidence == pytest.approx(0.75)
+    assert index.propose([42, 43], limit=8).tokens == []  # an unknown context
+    index.min_confidence = 0.8
+    assert index.propose([1, 2], limit=8).tokens == [3, 4]  # 5 follows 3 4 in 3 of 4: not confident enough
+
+
+def test_the_suffix_index_evicts_beyond_its_bound_and_keeps_proposing():
+    index = SuffixIndex(max_contexts=50, min_context=2, max_context=3)
+    for start in range(0, 1000, 10):
+        index.add(list(range(start, start + 20)))
+    assert len(index) == 50 and index.evictions > 0
+    index.add([500, 501, 502, 503])
+    assert index.propose([500, 501], limit=2).tokens == [502, 503]  # the newest contexts stay
+
+
+# -- the engine: greedy, reproducible, distribution --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return noisy_copy(target, scale=0.002)
+
+
+def _repetitive_prompts() -> list[list[int]]:
+    """Prompts that repeat spans of themselves and of each other, as a templated job's do."""
+    template = [5, 9, 13, 2, 40, 41, 42, 43, 44]
+    return [[*template, 10 + i, 11 + i, *template[:6]] for i in range(6)] + [[3, 4], [7, 8, 9, 7, 8]]
+
+
+MODES = [("ngram", False), ("suffix", False), ("ngram", True), ("suffix", True)]
+
+
+def _engine(target, draft, model_free, with_draft, **config):
+    config = {"strict": True, "num_speculative_tokens": 4, "model_free": model_free, **config}
+    return SpeculativeEngine(target, IdTokenizer(), draft if with_draft else None, DecodingConfig(**config))
+
+
+@pytest.mark.parametrize(
+    ("model_free", "with_draft", "batch_size", "fixed_k"),
+    [*[(m, d, 4, False) for m, d in MODES], ("ngram", False, 1, True), ("suffix", True, 1, True)],
+)
+def test_greedy_tokens_are_the_targets_own(target, draft, model_free, with_draft, batch_size, fixed_k):
+    prompts = _repetitive_prompts()
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=24, temperature=0.0)) for i, p in enumerate(prompts)
+    ]
+    engine = _engine(target, draft, model_free, with_draft, batch_size=batch_size, fixed_k=fixed_k)
+    results = {r.key: r.token_ids for r in engine.generate(requests)}
+    for i, prompt in enumerate(prompts):
+        assert results[i] == reference_greedy(target, prompt, 24), f"prompt {i}"
+    by_proposer = engine.stats.by_proposer
+    looked_up = by_proposer["ngram"]["draft_tokens"] + by_proposer["suffix"]["draft_tokens"]
+    assert looked_up > 0  # the proposers did propose
+    if with_draft:
+        assert by_proposer["draft"]["draft_tokens"] > 0  # and the hybrid used both, row by row
+    assert sum(c["accepted_tokens"] for c in by_proposer.values()) == engine.stats.num_accepted_tokens
+
+
+def test_the_suffix_index_carries_one_requests_output_to_the_next(target):
+    prompt = (5, 9, 13, 2, 40)
+    requests = [GenerationRequest(i, prompt, SamplingParams(max_tokens=24, temperature=0.0)) for i in range(2)]
+    engine = _engine(target, None, "suffix", False, batch_size=1, fixed_k=True)
+    results = list(engine.generate(requests))
+    assert results[0].token_ids == results[1].token_ids == reference_greedy(target, list(prompt), 24)
+    # the second request, one by one after the first, replays the first one's output from the index
+    assert results[1].accepted_tokens >= 15 > results[0].accepted_tokens
+    assert engine.stats.by_proposer["suffix"]["accepted_tokens"] >= 15
+
+
+def test_a_tiny_suffix_index_evicts_and_fails_no_request(target):
+    index = SuffixIndex(max_contexts=8)
+    prompts = _repetitive_prompts()
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=16, temperature=0.0)) for i, p in enumerate(prompts)
+    ]
+    engine = SpeculativeEngine(
+        target, IdTokenizer(), None, DecodingConfig(model_free="suffix", strict=True, batch_size=3), suffix_index=index
+    )
+    results = {r.key: r for r in engine.generate(requests)}
+    assert all(
+        r.error is None and r.token_ids == reference_greedy(target, prompts[r.key], 16) for r in results.values()
+    )
+    assert len(index) == 8 and index.evictions > 0
+
+
+@pytest.mark.parametrize(("model_free", "with_draft"), MODES)
+def test_seeded_reproducible_tokens_are_target_only_tokens(target, draft, model_free, with_draft):
+    prompts = _repetitive_prompts()
+    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95)
+    requests = [GenerationRequest(i, tuple(p), replace(params, seed=100 + i)) for i, p in enumerate(prompts)]
+    alone = SpeculativeEngine(target, IdTokenizer(), None, DecodingConfig(sampling="reproducible", batch_size=1))
+    expected = {r.key: r.token_ids for r in alone.generate(requests)}
+    engine = _engine(target, draft, model_free, with_draft, batch_size=4, sampling="reproducible")
+    assert {r.key: r.token_ids for r in engine.generate(requests)} == expected
+    assert engine.stats.num_draft_tokens > 0
+
+
+# The repeat makes prompt lookup propose: the suffix 7 5 0 occurred before, followed by 4 (the target's
+# probability of it: 0.45, so acceptances and rejections both happen often).
+REPEATING = (7, 5, 0, 4, 7, 5, 0)
+
+
+@pytest.fixture(scope="module")
+def lossless_models():
+    return lossless_pair()
+
+
+# The hybrid's reproducible mode is covered token for token above (target-only's tokens), a stronger check.
+@pytest.mark.parametrize(
+    ("sampling", "model_free", "with_draft"),
+    [("exact", "ngram", False), ("reproducible", "ngram", False), ("exact", "suffix", True)],
+)
+def test_sampled_tokens_follow_the_target(lossless_models, sampling, model_free, with_draft):
+    target, draft = lossless_models
+    sampled = _sampled_joint(
+        target, draft if with_draft else None, 1.0, sampling=sampling, model_free=model_free, prompt=REPEATING
+    )
+    assert _pvalue(sampled, _exact_joint(target, 1.0, prompt=REPEATING)) > 1e-3
+
+
+def test_the_same_test_rejects_a_wrong_sampler_of_point_masses(lossless_models, monkeypatch):
+    target, _ = lossless_models
+    monkeypatch.setattr(decoding_engine, "rejection_sample", _keeps_rejected_drafts)
+    sampled = _sampled_joint(target, None, 1.0, sampling="exact", model_free="ngram", prompt=REPEATING)
+    assert _pvalue(sampled, _exact_joint(target, 1.0, prompt=REPEATING)) < 1e-6
+
+
+def test_the_same_test_rejects_a_wrong_race_with_point_masses(lossless_models, monkeypatch):
+    target, _ = lossless_models
+    monkeypatch.setattr(decoding_sampling, "race_exponentials", _position_blind_noise)
+    sampled = _sampled_joint(target, None, 1.0, sampling="reproducible", model_free="ngram", prompt=REPEATING)
+    assert _pvalue(sampled, _exact_joint(target, 1.0, prompt=REPEATING)) < 1e-6
