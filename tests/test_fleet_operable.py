@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -46,6 +47,17 @@ def sample(text: str, name: str) -> float:
         if line.startswith(name) and line[len(name)] in " {":
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The IPv4 addresses that sockets listening on `port` are bound to, read from /proc/net/tcp."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
 
 
 def test_misconfigured_workers_fail_nothing_and_the_good_one_is_seen(pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
@@ -106,6 +118,7 @@ def test_misconfigured_workers_fail_nothing_and_the_good_one_is_seen(pg_db_url, 
 
         # 4. the metrics page: promtool accepts it, its counters are the job's stored results
         text = scrape(METRICS_PORT)
+        assert listening_addresses(METRICS_PORT) == {"127.0.0.1"}  # --metrics-host's default: loopback only
     finally:
         assert good.stop() == 0, good.output()
     checked = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)

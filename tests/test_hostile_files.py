@@ -58,14 +58,6 @@ def test_a_50_mb_line_is_a_line_error_and_nothing_runs(tiny_pair, tmp_path) -> N
     assert not out.exists()
 
 
-PIPE_BUG = (
-    "found by the matrix, not fixed here: `run` and `submit` read INPUT twice (validate, then run), so a pipe "
-    "or FIFO is empty the second time (0 of 2 requests run, exit 0) and the duplicate scan, a later pass, "
-    "sees nothing"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=PIPE_BUG)
 def test_duplicate_ids_through_a_pipe_are_line_errors(tiny_pair, tmp_path) -> None:
     lines = [json.dumps({"id": "a", "prompt": "x"}), json.dumps({"id": "a", "prompt": "y"})]
     out = tmp_path / "out.jsonl"
@@ -91,7 +83,6 @@ def test_a_folder_as_input_is_one_line(tiny_pair, tmp_path) -> None:
     assert "Traceback" not in result.output
 
 
-@pytest.mark.xfail(strict=True, reason=PIPE_BUG)
 def test_a_fifo_as_input_is_read_once(plain_outputs, tiny_pair, tmp_path) -> None:
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
