@@ -226,26 +226,10 @@ def run_draft_axis_benchmark(
     import os
     from datetime import UTC, datetime
 
-    import torch
+    from specq.bench.runner import load_bench_pair, machine_info
 
-    from specq.bench.runner import machine_info
-    from specq.errors import SpecqError
-    from specq.models.loading import load_pair
-
-    if threads:
-        torch.set_num_threads(threads)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
-    try:
-        if target is None or draft is None:
-            from specq.models.demo import build_demo_models
-
-            progress("using the demo pair (building it on first use takes a few minutes)")
-            demo = build_demo_models()
-            target, draft = str(demo.target_dir), str(demo.draft_dir)
-        pair = load_pair(target, draft, device, dtype)
-    except ValueError as exc:
-        raise SpecqError(str(exc)) from exc
+    pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress)
     machine = machine_info(device, dtype)
     results = run_draft_axis(
         pair.target, pair.draft, pair.tokenizer, workloads, drafts, batch_sizes, progress=progress, **settings

@@ -471,6 +471,35 @@ def run_bench(
     }
 
 
+def load_bench_pair(
+    target: str | None,
+    draft: str | None,
+    device: str | None,
+    dtype: str | None,
+    threads: int | None,
+    progress: Callable[[str], None],
+) -> tuple[Any, str, str, str]:
+    """(pair, device, target, draft) for a benchmark: target and draft None mean the demo pair (built on
+    first use); `device` None: cuda if available, else cpu; `threads`: torch's intra-op threads. A pair
+    that cannot be loaded raises SpecqError."""
+    from specq.errors import SpecqError
+    from specq.models.loading import load_pair
+
+    if threads:
+        torch.set_num_threads(threads)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        if target is None or draft is None:
+            from specq.models.demo import build_demo_models
+
+            progress("using the demo pair (building it on first use takes a few minutes)")
+            demo = build_demo_models()
+            target, draft = str(demo.target_dir), str(demo.draft_dir)
+        return load_pair(target, draft, device, dtype), device, target, draft
+    except ValueError as exc:
+        raise SpecqError(str(exc)) from exc
+
+
 def run_benchmark(
     target: str | None,
     draft: str | None,
@@ -488,23 +517,13 @@ def run_benchmark(
 
     `threads`: torch's intra-op threads (None: torch's own choice); `device` None: cuda if available,
     else cpu. A pair that cannot be loaded raises SpecqError."""
-    from specq.errors import SpecqError
-    from specq.models.loading import load_pair
-
-    if threads:
-        torch.set_num_threads(threads)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
+    pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress)
     try:
-        if target is None or draft is None:
-            from specq.models.demo import build_demo_models
-
-            progress("using the demo pair (building it on first use takes a few minutes)")
-            demo = build_demo_models()
-            target, draft = str(demo.target_dir), str(demo.draft_dir)
-        pair = load_pair(target, draft, device, dtype)
         texts, prompts = prompt_token_ids(pair.tokenizer, settings.num_prompts, settings.prompt_chars)
     except ValueError as exc:
+        from specq.errors import SpecqError
+
         raise SpecqError(str(exc)) from exc
     progress(
         f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), max_tokens {settings.max_tokens}, "
