@@ -24,7 +24,7 @@ LINES = [
     {
         "id": f"s{i}",
         "prompt": f"def f{i}(x):",
-        "max_tokens": 16,
+        "max_tokens": 40,  # long enough chunks that a loaded machine is still caught mid-chunk
         "temperature": (0.7, 0.85, 1.0)[i % 3],
         "top_p": (1.0, 0.9, 0.95)[i % 3],
         "top_k": (0, 20, 8)[i % 3],
