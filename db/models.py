@@ -49,6 +49,12 @@ class Job(Base):
     # when its chunks were last sent to the broker; None: never (the job runs in-process). A sweeper
     # compares it with the broker's messages to find chunks whose message was lost (a Redis restart)
     enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # OpenAI Batch's job-level fields: `submit --metadata` pairs, `--completion-window` as given and the
+    # time it ends at (requests not run by then expire), the `model` reported in OpenAI-format output
+    user_metadata: Mapped[dict[str, str] | None] = mapped_column(JSONType)
+    completion_window: Mapped[str | None] = mapped_column(String(16))
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    served_model_name: Mapped[str | None] = mapped_column(Text)
 
     # the database deletes children (ON DELETE CASCADE); the ORM neither loads nor orphans them
     requests: Mapped[list[Request]] = relationship(back_populates="job", lazy="raise", passive_deletes="all")
@@ -69,6 +75,9 @@ class Request(Base):
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     prompt_token_ids: Mapped[list[int] | None] = mapped_column(JSONType)  # a completion prompt given as ids
     overrides: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the sampling settings the line set
+    model: Mapped[str | None] = mapped_column(Text)  # the line's `body.model`, echoed in OpenAI output
+    # a line with `n` > 1 is stored as n requests (same line and custom_id), choice_index 0..n-1
+    choice_index: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     state: Mapped[str] = mapped_column(String(16), default=RequestState.QUEUED)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far
     # times a worker handed it to the engine; one that reaches the job's max_attempts without a result
@@ -108,6 +117,8 @@ class Result(Base):
     seed: Mapped[int | None] = mapped_column(BigInteger)
     latency_s: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text)
+    # per emitted token: {"token_id", "logprob", "top": [[id, logprob], ...]}; None unless the line asked
+    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
     worker: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

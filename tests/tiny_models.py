@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -65,18 +66,21 @@ def noisy_copy(model: LlamaForCausalLM, scale: float, seed: int = 1) -> LlamaFor
     return draft
 
 
-_REFERENCES: dict[tuple, list[int]] = {}
+# Keyed by the model object itself, not id(model): a module freed by one test and a new one built at the
+# same address by the next must not share references (a gemma2 test once read a llama's tokens so).
+_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def reference_greedy(model, prompt: list[int], max_tokens: int, eos: int | None = EOS) -> list[int]:
     """The target's own greedy output at batch 1 (HF generate), EOS excluded. Memoised per model."""
-    key = (id(model), tuple(prompt), max_tokens, eos)
-    if key not in _REFERENCES:
+    memo = _REFERENCES.setdefault(model, {})
+    key = (tuple(prompt), max_tokens, eos)
+    if key not in memo:
         out = model.generate(
             torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=BOS
         )[0, len(prompt) :].tolist()
-        _REFERENCES[key] = out[: out.index(eos)] if eos is not None and eos in out else out
-    return _REFERENCES[key]
+        memo[key] = out[: out.index(eos)] if eos is not None and eos in out else out
+    return memo[key]
 
 
 TINY_CORPUS = (
