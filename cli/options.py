@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -56,6 +58,30 @@ F = TypeVar("F", bound=Callable[..., Any])
 Command = Callable[..., None]
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}  # seconds in each
+
+
+class Duration(click.ParamType):
+    """A span of time as people write it: a number and a unit, `90s`, `30m`, `24h`, `7d`, `2w`."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        text = str(value).strip().lower()
+        number, unit = text[:-1], text[-1:]
+        try:
+            amount = float(number) if unit in DURATION_UNITS else math.nan
+        except ValueError:
+            amount = math.nan
+        if not math.isfinite(amount) or amount <= 0:
+            self.fail(
+                f"{value!r} is not a duration: give a positive number and a unit, e.g. 30m, 24h or 7d", param, ctx
+            )
+        return timedelta(seconds=amount * DURATION_UNITS[unit])
+
+
 def int_range(limit: Limit) -> click.IntRange:
     """The click type of an integer option whose values are `limit`'s."""
     low, high = (None if end is None else int(end) for end in (limit.low, limit.high))
@@ -84,6 +110,7 @@ GENERATION_PARAMS = (
     "device",
     "dtype",
     "chat_template",
+    "served_model_name",
 )
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
@@ -158,6 +185,11 @@ _OPTIONS = [
         help="A Jinja chat template file for chat lines, used instead of the tokenizer's own (needed when it has "
         "none); submit stores it with the job. [default: the target tokenizer's]",
     ),
+    click.option(
+        "--served-model-name",
+        help="The `model` that OpenAI-format output reports. [default: each line's body.model, else the target's "
+        "name: a hub id as given, a local folder by its last component]",
+    ),
 ]
 
 
@@ -188,6 +220,7 @@ class GenerationOptions:
     device: str | None  # None: cuda:0 if available, else cpu
     dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
     chat_template: str | None  # the text of --chat-template; None: the tokenizer's own
+    served_model_name: str | None  # the `model` of OpenAI-format output; None: the line's, else the target's
 
 
 def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
@@ -221,6 +254,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         device=values["device"] or None,
         dtype=values["dtype"].lower() if values["dtype"] else None,
         chat_template=chat_template,
+        served_model_name=values["served_model_name"] or None,
     )
 
 

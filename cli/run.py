@@ -26,12 +26,21 @@ if TYPE_CHECKING:
     help="Where to write one JSON line per input line, in input order. "
     "[default: INPUT.out.jsonl, stdout for INPUT -; - for stdout]",
 )
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(("jsonl", "openai")),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: one result object a line (as `export --format jsonl`); openai: OpenAI Batch API output lines.",
+)
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr. [default: when it is a terminal]")
 @generation_options
 @input_limit_options
 def run(
     input_path: str,
     output_path: str | None,
+    output_format: str,
     progress: bool | None,
     generation: GenerationOptions,
     input_limits: InputLimits,
@@ -48,7 +57,8 @@ def run(
         summary = run_file(
             input_path,
             path,
-            **vars(generation),  # target, draft, decoding, sampling, device, dtype, chat_template
+            **vars(generation),  # target, draft, decoding, sampling, device, dtype, chat_template, served_model_name
+            output_format=output_format,  # type: ignore[arg-type]
             on_start=bar.start,
             on_progress=bar.progress_of,
             limits=input_limits,

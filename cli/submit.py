@@ -79,6 +79,7 @@ def submit(
             dtype=generation.dtype,
             max_attempts=max_attempts,
             chat_template=generation.chat_template,
+            served_model_name=generation.served_model_name,
         )
         submitted = submit_job(input_path, spec, database_url=database_url, broker=broker, limits=input_limits)
     click.echo(submitted.job_id)

@@ -18,7 +18,7 @@ from specq.db.models import Job, Request, Result
 from specq.db.session import Database, schema_ready
 from specq.errors import JobNotFoundError
 from specq.jobs.output_file import open_output
-from specq.jobs.outputs import csv_row, openai_record, result_record, write_csv, write_jsonl
+from specq.jobs.outputs import OpenAIIds, csv_row, openai_record, result_record, served_name, write_csv, write_jsonl
 from specq.jobs.patience import Patient
 
 ExportFormat = Literal["csv", "jsonl", "openai"]
@@ -50,6 +50,7 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Request.messages,
             Request.prompt_token_ids,
             Request.state,
+            Request.model,
             Result.completion,
             Result.token_ids,
             Result.finish_reason,
@@ -59,6 +60,7 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Result.accepted_tokens,
             Result.error,
             Result.status,
+            Result.created_at,
         )
         .outerjoin(Result, Result.request_id == Request.id)
         .where(Request.job_id == job_id, Request.seq > after_seq)
@@ -69,10 +71,18 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
         return list(conn.execute(stmt))
 
 
-def _rows(
-    db: Database, job_id: str, patient: Patient | None
-) -> Iterator[tuple[dict[str, Any], StoredResult | None, str]]:
-    """(request fields, its result or None, request state) for every request, in input order.
+class Row(NamedTuple):
+    """One request of the job as export reads it."""
+
+    seq: int
+    request: dict[str, Any]
+    result: StoredResult | None  # None: it has not run
+    state: str  # the result's status when it has one, else the request's state
+    created: int | None  # when the result was stored, epoch seconds
+
+
+def _rows(db: Database, job_id: str, patient: Patient | None) -> Iterator[Row]:
+    """Every request of the job with its result, in input order.
 
     Read a page at a time, each page after the last position written: a database restart mid-export
     (`patient` rides it out) resumes where it stopped, so even a FIFO gets each line once."""
@@ -87,9 +97,10 @@ def _rows(
                 "prompt": row.prompt,
                 "messages": row.messages,
                 "prompt_token_ids": row.prompt_token_ids,
+                "model": row.model,
             }
             if row.status is None:
-                yield request, None, row.state
+                yield Row(row.seq, request, None, row.state, None)
                 continue
             result = StoredResult(
                 token_ids=row.token_ids or [],
@@ -101,7 +112,7 @@ def _rows(
                 accepted_tokens=row.accepted_tokens,
                 error=row.error,
             )
-            yield request, result, row.status
+            yield Row(row.seq, request, result, row.status, int(row.created_at.timestamp()))
         if len(page) < PAGE:
             return
         after = page[-1].seq
@@ -111,12 +122,23 @@ def _not_run(state: str) -> StoredResult:
     return StoredResult([], "", None, 0, 0, 0, 0, f"the request did not run ({state})")
 
 
-def _target(db: Database, job_id: str) -> str:
+def _job(db: Database, job_id: str) -> Job:
     with db.session() as session:
         job = session.get(Job, job_id) if schema_ready(db) else None
         if job is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
-        return job.target
+        session.expunge(job)
+        return job
+
+
+Only = Literal["completed", "errors"] | None
+
+
+def _wanted(row: Row, only: Only) -> bool:
+    """--completed-only: OpenAI's output file; --errors-only: its error file (every other request)."""
+    if only is None:
+        return True
+    return (row.state == "completed") == (only == "completed")
 
 
 def export_job(
@@ -126,22 +148,37 @@ def export_job(
     fmt: ExportFormat = "csv",
     *,
     csv_raw: bool = False,
+    only: Only = None,
     patient: Patient | None = None,
 ) -> int:
     """Write the job's results to `path` in `fmt`; returns the number of requests written. CSV text
     cells that a spreadsheet would run get a leading `'` unless `csv_raw` (jobs.outputs.defused).
-    `patient`: every read rides out a database outage through it."""
-    target = patient(lambda: _target(db, job_id)) if patient else _target(db, job_id)
-    rows = _rows(db, job_id, patient)
+    `only`: just the completed requests, or just the others. `patient`: every read rides out a
+    database outage through it.
+
+    In the OpenAI format, `model` is the job's served model name, else the line's `body.model`, else the
+    target's name (`served_name`); ids derive from the job id and the request's position."""
+    job = patient(lambda: _job(db, job_id)) if patient else _job(db, job_id)
+    default_model = served_name(job.target)
+    rows = (row for row in _rows(db, job_id, patient) if _wanted(row, only))
     with open_output(path) as out:
         if fmt == "csv":
-            return write_csv(out, (csv_row(request, result, state) for request, result, state in rows), raw=csv_raw)
+            return write_csv(out, (csv_row(row.request, row.result, row.state) for row in rows), raw=csv_raw)
         if fmt == "jsonl":
             return write_jsonl(
-                out,
-                (
-                    result_record(request, result or _not_run(state), with_tokens=True)
-                    for request, result, state in rows
-                ),
+                out, (result_record(row.request, row.result or _not_run(row.state), with_tokens=True) for row in rows)
             )
-        return write_jsonl(out, (openai_record(request, result, model=target) for request, result, _ in rows))
+        return write_jsonl(
+            out,
+            (
+                openai_record(
+                    row.request,
+                    row.result,
+                    model=job.served_model_name or row.request["model"] or default_model,
+                    ids=OpenAIIds.derive(job_id, row.seq),
+                    created=row.created,
+                    state=row.state,
+                )
+                for row in rows
+            ),
+        )

@@ -113,6 +113,7 @@ class RequestSpec:
     messages: list[dict] | None  # set for "chat" requests: [{"role": ..., "content": ..., "name"?}, ...]
     overrides: dict
     prompt_token_ids: tuple[int, ...] | None = None  # set for "completion" requests given as token ids
+    model: str | None = None  # an OpenAI line's `body.model`, echoed in OpenAI-format output
 
 
 @dataclass(frozen=True)
@@ -356,8 +357,10 @@ def _read_overrides(obj: dict, prefix: str) -> dict:
     return overrides
 
 
-def _spec(line: int, request_id: str, prompt: _Prompt, overrides: dict) -> RequestSpec:
-    return RequestSpec(line, request_id, prompt.kind, prompt.prompt, prompt.messages, overrides, prompt.token_ids)
+def _spec(line: int, request_id: str, prompt: _Prompt, overrides: dict, model: str | None = None) -> RequestSpec:
+    return RequestSpec(
+        line, request_id, prompt.kind, prompt.prompt, prompt.messages, overrides, prompt.token_ids, model
+    )
 
 
 def _parse_plain(obj: dict, line: int) -> RequestSpec:
@@ -408,7 +411,8 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
         overrides["max_tokens"] = _check_override(
             "max_tokens", "body.max_completion_tokens", body["max_completion_tokens"]
         )
-    return _spec(line, request_id, prompt, overrides)
+    model = body.get("model")
+    return _spec(line, request_id, prompt, overrides, model if isinstance(model, str) else None)
 
 
 MAX_JSON_DEPTH = 1024  # orjson's limit: arrays and objects nested deeper are refused

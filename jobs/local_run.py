@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
@@ -23,10 +24,12 @@ from specq.jobs.chat_template import refuse_chat_without_template
 from specq.jobs.input_source import STDIN, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs, validate_file
 from specq.jobs.output_file import open_output
-from specq.jobs.outputs import result_record
+from specq.jobs.outputs import OpenAIIds, openai_record, result_record, served_name
 from specq.jobs.params import engine_request
 
 log = logging.getLogger(__name__)
+
+OutputFormat = Literal["jsonl", "openai"]
 
 
 @dataclass
@@ -51,6 +54,8 @@ def run_file(
     device: str | None,
     dtype: str | None,
     chat_template: str | None = None,
+    served_model_name: str | None = None,
+    output_format: OutputFormat = "jsonl",
     on_start: Callable[[int], None] = lambda total: None,
     on_progress: Progress = lambda done, stats: None,
     limits: InputLimits | None = None,
@@ -58,7 +63,10 @@ def run_file(
     """Generate for every line of `input_path` ("-": stdin) and write one JSON line per request to
     `output_path` ("-": stdout), as jobs.output_file writes: nothing is written, and an existing file is
     left as it was, unless the whole input is good and the run ends. Chat lines are rendered with
-    `chat_template`, else the target tokenizer's own (none: they are refused as bad lines)."""
+    `chat_template`, else the target tokenizer's own (none: they are refused as bad lines).
+
+    `output_format` "openai": the lines are OpenAI Batch output lines, whose `model` is
+    `served_model_name`, else the line's `body.model`, else the target's name (as `export` writes them)."""
     from specq.models.loading import has_chat_template, load_pair, load_tokenizer, resolve_device
 
     def template_missing() -> bool:
@@ -75,12 +83,13 @@ def run_file(
 
         engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)
         summary = RunSummary(total=total, stats=engine.stats)
-        ids: dict[int, str] = {}  # key -> request id, for lines not yet written
+        requests_of: dict[int, dict[str, Any]] = {}  # key -> the request's id, kind, model; lines not yet written
+        record = _record_writer(output_format, served_model_name or None, target)
         early_failures: dict[int, GenerationResult] = {}
 
         def requests() -> Iterator[GenerationRequest]:
             for key, spec in enumerate(iter_request_specs(source.path, limits, name=source.name)):
-                ids[key] = spec.id
+                requests_of[key] = {"id": spec.id, "kind": spec.kind, "model": spec.model}
                 request = engine_request(key, spec, pair.tokenizer, sampling, chat_template)
                 if isinstance(request, GenerationResult):
                     early_failures[key] = request
@@ -96,7 +105,7 @@ def run_file(
                 result = waiting.pop(next_key, None) or early_failures.pop(next_key, None)
                 if result is None:
                     return
-                output.write(json.dumps(result_record({"id": ids.pop(next_key)}, result, with_tokens=True)) + "\n")
+                output.write(json.dumps(record(next_key, requests_of.pop(next_key), result), ensure_ascii=False) + "\n")
                 if result.error is None:
                     summary.completed += 1
                 else:
@@ -112,6 +121,21 @@ def run_file(
         on_progress(next_key, engine.stats)
         summary.stats = engine.stats
         return summary
+
+
+def _record_writer(
+    output_format: OutputFormat, served_model_name: str | None, target: str
+) -> Callable[[int, dict[str, Any], GenerationResult], dict]:
+    """(position, request, result) -> the output line, in `output_format`."""
+    if output_format == "jsonl":
+        return lambda position, request, result: result_record(request, result, with_tokens=True)
+    scope, default_model = uuid.uuid4().hex, served_name(target)  # ids unique to this run's file
+
+    def openai_line(position: int, request: dict[str, Any], result: GenerationResult) -> dict:
+        model = served_model_name or request["model"] or default_model
+        return openai_record(request, result, model=model, ids=OpenAIIds.derive(scope, position))
+
+    return openai_line
 
 
 def default_output_path(input_path: str) -> str:

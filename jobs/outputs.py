@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import IO, Any, Protocol
+from typing import IO, Any, NamedTuple, Protocol
 
 from specq.jobs.inputs import RequestSpec
 
@@ -84,57 +85,109 @@ def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool
     return record
 
 
-def _hex_id() -> str:
-    return uuid.uuid4().hex
+# OpenAI's error codes for a request that has no result: its job was cancelled before it ran, or its
+# completion window ended first. Any other state (queued, running) is a job still under way.
+NOT_RUN_CODES = {"cancelled": "batch_cancelled", "expired": "batch_expired"}
+# The engine's message for a prompt that cannot fit (decoding.engine): OpenAI answers it with a 400
+CONTEXT_OVERFLOW = "exceeds the model's context"
 
 
-def openai_record(request: RequestLike, result: ResultLike | None, *, model: str, created: int | None = None) -> dict:
-    """One line of the OpenAI Batch API's output file for `request`.
+class OpenAIIds(NamedTuple):
+    """The ids of one output line: derived from the job (or run) and the request's position, so every
+    export of a job gives the same ids."""
 
-    `result` None (a request that never ran, e.g. in a cancelled job) and a failed result both give
-    `response: null` and an `error` object; `custom_id` is the request's id whatever form its line had.
-    """
-    line: dict[str, Any] = {"id": f"batch_req_{_hex_id()}", "custom_id": _field(request, "id")}
-    if result is None:
-        line.update(response=None, error={"code": "not_run", "message": "the request did not run"})
-        return line
-    if result.error is not None:
-        line.update(response=None, error={"code": "generation_failed", "message": result.error})
-        return line
-    created = int(time.time()) if created is None else created
+    line: str  # the output line's `id`
+    request: str  # `response.request_id`
+    completion: str  # `response.body.id`, without its `cmpl-` / `chatcmpl-` prefix
+
+    @classmethod
+    def derive(cls, scope: str, position: int) -> OpenAIIds:
+        def one(part: str) -> str:
+            return uuid.uuid5(uuid.NAMESPACE_URL, f"specq:{scope}:{position}:{part}").hex
+
+        return cls(f"batch_req_{one('line')}", one("request"), one("completion"))
+
+
+def _response(ids: OpenAIIds, status_code: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {"status_code": status_code, "request_id": ids.request, "body": body}
+
+
+def _completion_body(request: RequestLike, result: ResultLike, *, ids: OpenAIIds, model: str, created: int) -> dict:
     usage = {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         "total_tokens": result.prompt_tokens + result.completion_tokens,
     }
-    body: dict[str, Any]
     if _field(request, "kind") == "chat":
-        body = {
-            "id": f"chatcmpl-{_hex_id()}",
+        message = {"role": "assistant", "content": result.text, "refusal": None}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}
+        return {
+            "id": f"chatcmpl-{ids.completion}",
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": result.text},
-                    "logprobs": None,
-                    "finish_reason": result.finish_reason,
-                }
-            ],
+            "choices": [choice],
             "usage": usage,
         }
-    else:
-        body = {
-            "id": f"cmpl-{_hex_id()}",
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}],
-            "usage": usage,
+    return {
+        "id": f"cmpl-{ids.completion}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}],
+        "usage": usage,
+    }
+
+
+def openai_record(
+    request: RequestLike,
+    result: ResultLike | None,
+    *,
+    model: str,
+    ids: OpenAIIds,
+    created: int | None = None,
+    state: str = "",
+) -> dict:
+    """One line of the OpenAI Batch API's output file for `request` (its error file for a request
+    without a completion).
+
+    `model` is the name to report (jobs.export picks it: `--served-model-name`, else the line's
+    `body.model`, else the target's name); `created` the result's time (epoch seconds). `result` None: a
+    request that never ran, with `state` its request state (`batch_cancelled`, `batch_expired`). A
+    prompt too long for the model is a 400 `invalid_request_error` response, as OpenAI answers one; any
+    other failure an `error` object. `custom_id` is the request's id whatever form its line had.
+    """
+    line: dict[str, Any] = {"id": ids.line, "custom_id": _field(request, "id")}
+    if result is None:
+        code = NOT_RUN_CODES.get(state, "not_run")
+        message = f"the request did not run ({state})" if state else "the request did not run"
+        line.update(response=None, error={"code": code, "message": message})
+        return line
+    if result.error is not None and CONTEXT_OVERFLOW in result.error:
+        param = "messages" if _field(request, "kind") == "chat" else "prompt"
+        error = {
+            "message": result.error,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "context_length_exceeded",
         }
-    line.update(response={"status_code": 200, "request_id": _hex_id(), "body": body}, error=None)
+        line.update(response=_response(ids, 400, {"error": error}), error=None)
+        return line
+    if result.error is not None:
+        line.update(response=None, error={"code": "generation_failed", "message": result.error})
+        return line
+    created = int(time.time()) if created is None else created
+    body = _completion_body(request, result, ids=ids, model=model, created=created)
+    line.update(response=_response(ids, 200, body), error=None)
     return line
+
+
+def served_name(target: str) -> str:
+    """The target as OpenAI output names it: a hub id as it is, a local folder by its last component
+    (a path of the machine that ran it means nothing to the reader, and may say too much)."""
+    if target.startswith(("/", "./", "../", "~")) or os.path.isdir(target):
+        return os.path.basename(os.path.normpath(target)) or target
+    return target
 
 
 def prompt_text(request: RequestLike) -> str:

@@ -22,6 +22,7 @@ COLUMNS = (
     "messages",
     "prompt_token_ids",
     "overrides",
+    "model",
     "state",
     "attempts",
 )
@@ -45,6 +46,7 @@ def _rows(job_id: str, specs: Iterable[RequestSpec]) -> Iterator[tuple[Any, ...]
             None if spec.messages is None else _dumps(spec.messages),
             None if spec.prompt_token_ids is None else _dumps(spec.prompt_token_ids),
             _dumps(spec.overrides) if spec.overrides else "{}",  # `stop`, a tuple, becomes a JSON list
+            spec.model,
             queued,
             0,
         )

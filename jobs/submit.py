@@ -58,6 +58,7 @@ class JobSpec:
     device: str | None = None  # for the in-process run; queue workers use their own device
     dtype: str | None = None
     chat_template: str | None = None  # `--chat-template`'s text: workers render chat lines with it
+    served_model_name: str | None = None  # the `model` OpenAI-format export reports (jobs.export)
     # a request whose worker died this many times while running it fails instead of running again
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
@@ -161,6 +162,7 @@ def _store_job(
             target=spec.target,
             draft=spec.draft,
             input_name=name,
+            served_model_name=spec.served_model_name,
             settings=spec.settings(0),
             total=0,
         )

@@ -141,6 +141,7 @@ def test_openai_documented_lines_are_accepted(tmp_path: Path) -> None:
             {"role": "user", "content": "Again"},
         ],
         {"seed": 7, "stop": ("\n",), "max_tokens": 16, "temperature": 0.5, "top_p": 0.9},
+        model="gpt-4o-mini",  # echoed in OpenAI-format output
     )
     assert completion.prompt == "Say this is a test"  # a one-prompt array is that prompt
     assert completion.overrides == {
