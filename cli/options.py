@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,9 +25,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from specq.durations import parse_duration
 from specq.errors import (
     BadInputError,
     ConfigError,
+    JobActiveError,
     JobNotFoundError,
     ModelLoadError,
     OutputPathError,
@@ -58,28 +59,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 Command = Callable[..., None]
 
 
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}  # seconds in each
-
-
 class Duration(click.ParamType):
-    """A span of time as people write it: a number and a unit, `90s`, `30m`, `24h`, `7d`, `2w`."""
+    """A span of time as people write it (specq.durations): `90s`, `30m`, `24h`, `7d`, `2w`."""
 
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
         if isinstance(value, timedelta):
             return value
-        text = str(value).strip().lower()
-        number, unit = text[:-1], text[-1:]
         try:
-            amount = float(number) if unit in DURATION_UNITS else math.nan
-        except ValueError:
-            amount = math.nan
-        if not math.isfinite(amount) or amount <= 0:
-            self.fail(
-                f"{value!r} is not a duration: give a positive number and a unit, e.g. 30m, 24h or 7d", param, ctx
-            )
-        return timedelta(seconds=amount * DURATION_UNITS[unit])
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def int_range(limit: Limit) -> click.IntRange:
@@ -375,7 +366,7 @@ def specq_errors() -> Iterator[None]:
         yield
     except BadInputError as exc:
         raise BadInput(exc.problems) from None
-    except (OutputPathError, ConfigError) as exc:
+    except (OutputPathError, ConfigError, JobActiveError) as exc:
         raise UsageLine(mask_text(str(exc))) from None
     except (ModelLoadError, JobNotFoundError) as exc:
         raise click.UsageError(mask_text(str(exc))) from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -34,14 +33,18 @@ if TYPE_CHECKING:
     show_default=True,
     help="jsonl: one result object a line (as `export --format jsonl`); openai: OpenAI Batch API output lines.",
 )
-@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr. [default: when it is a terminal]")
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    help="Progress on stderr: a live bar on a terminal, else a plain line every few seconds. [default: on]",
+)
 @generation_options
 @input_limit_options
 def run(
     input_path: str,
     output_path: str | None,
     output_format: str,
-    progress: bool | None,
+    progress: bool,
     generation: GenerationOptions,
     input_limits: InputLimits,
 ) -> None:
@@ -52,8 +55,7 @@ def run(
     from specq.jobs.local_run import default_output_path, run_file
 
     path = output_path or default_output_path(input_path)
-    show = sys.stderr.isatty() if progress is None else progress
-    with specq_errors(), _RunProgress(show) as bar:
+    with specq_errors(), _RunProgress(progress) as bar:
         summary = run_file(
             input_path,
             path,
