@@ -19,7 +19,7 @@ import torch
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.sampling import SamplingTensors
 from specq.decoding.stopping import StopChecker
-from specq.decoding.types import GenerationRequest
+from specq.decoding.types import GenerationRequest, TokenLogprob
 
 if TYPE_CHECKING:
     from specq.decoding.hf_model import Tokenizer
@@ -50,6 +50,7 @@ class Slot:
     started: float
     stops: StopChecker | None
     first_token_at: float | None = None  # perf_counter() when its first output token was kept
+    logprobs: list[TokenLogprob] | None = None  # the kept tokens' log-probabilities, when the request asked
 
 
 @dataclass
@@ -87,6 +88,7 @@ class BatchState:
         self.draft_tokens_h = np.zeros(0, np.int64)
         self.accepted_h = np.zeros(0, np.int64)
         self.has_stops_h = np.zeros(0, bool)
+        self.has_logprobs_h = np.zeros(0, bool)
         self._aranges = torch.arange(1024, device=device)
 
     @property
@@ -123,8 +125,10 @@ class BatchState:
             params = request.params
             seed = params.seed if params.seed is not None else secrets.randbits(63)
             stops = StopChecker(tokenizer, params.stop) if params.stop else None
-            self.slots[row] = Slot(request, seed, now, stops)
+            wants_logprobs = params.logprobs is not None
+            self.slots[row] = Slot(request, seed, now, stops, logprobs=[] if wants_logprobs else None)
             self.has_stops_h[row] = stops is not None
+            self.has_logprobs_h[row] = wants_logprobs
 
         prompts = [list(r.prompt_token_ids) for r in requests]
         width = max(len(p) for p in prompts)
@@ -151,6 +155,7 @@ class BatchState:
         self.seq_lens[rows_t] = 1
         self.seq_h[rows] = 1
         self.has_stops_h[rows] = False
+        self.has_logprobs_h[rows] = False
         if self.proposer is not None:
             self.proposer.release(rows, rows_t)
 
@@ -187,6 +192,7 @@ class BatchState:
         self.max_tokens_h, self.generated_h = host_rows(self.max_tokens_h, 1), host_rows(self.generated_h, 0)
         self.draft_tokens_h, self.accepted_h = host_rows(self.draft_tokens_h, 0), host_rows(self.accepted_h, 0)
         self.has_stops_h = host_rows(self.has_stops_h, 0)
+        self.has_logprobs_h = host_rows(self.has_logprobs_h, 0)
         slots = self.slots if keep is None else [self.slots[i] for i in keep]
         self.slots = slots + [None] * add
         if self.proposer is not None:

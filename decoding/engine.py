@@ -52,7 +52,7 @@ from specq.decoding.rejection import greedy_accept, rejection_sample
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
 from specq.decoding.stats import DRAFT_MODEL, EngineStats
 from specq.decoding.suffix_index import SuffixIndex
-from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.decoding.types import GenerationRequest, GenerationResult, TokenLogprob
 
 RUNNING, FINISHED_STOP, FINISHED_LENGTH = 0, 1, 2
 
@@ -277,6 +277,7 @@ class SpeculativeEngine:
         emitting = torch.zeros_like(batch.active)  # [rows]
         emitting[rows_t] = 1
         report = self._advance(batch, rows, emitting, output_token_ids, None, np.zeros(batch.rows, np.int64))
+        self._record_logprobs(batch, rows, logits, report)
         return list(self._finish(batch, rows, 0, report))
 
     # -- one step: propose, verify, accept, advance, finish -----------------------------------------
@@ -292,6 +293,7 @@ class SpeculativeEngine:
         watch.mark()
         output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits, num_draft)
         report = self._advance(batch, live, batch.active, output_token_ids, num_accepted, num_draft_h)
+        self._record_logprobs(batch, live, target_logits, report)
         watch.mark()
         t_draft, t_target, t_rest = watch.seconds()
         if self.max_k:
@@ -439,6 +441,38 @@ class SpeculativeEngine:
             kept=kept, finish=finish, accepted=accepted_h, drafted=num_draft_h, emitted=emitted_h, output_ids=output_h
         )
 
+    def _record_logprobs(
+        self, batch: BatchState, live: np.ndarray, target_logits: torch.Tensor, report: _StepReport
+    ) -> None:
+        """Append each asking row's kept tokens' log-probabilities: the target's raw log-softmax over the
+        logits the step verified with ([rows, k + 1, V]), so they cost no forward of their own. Only rows
+        that asked are read, and the step syncs for them once more; rows that did not ask cost nothing."""
+        asking = live[batch.has_logprobs_h[live] & (report.kept[live] > 0)]
+        if asking.size == 0:
+            return
+        slots = [batch.slots[row] for row in asking]
+        width = int(report.kept[asking].max())
+        top_n = max(slot.request.params.logprobs or 0 for slot in slots if slot is not None)
+        rows_t = torch.as_tensor(asking, device=self.device)
+        logprobs = torch.log_softmax(target_logits[rows_t, :width].float(), dim=-1)  # [n, width, V]
+        output_ids = torch.as_tensor(report.output_ids[asking, :width], device=self.device)  # [n, width]
+        chosen = logprobs.gather(2, output_ids.unsqueeze(2)).squeeze(2).cpu().numpy()  # [n, width]
+        top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (logprobs[..., :0], output_ids[..., None, :0])
+        top_values_h, top_ids_h = top_values.cpu().numpy(), top_ids.cpu().numpy()  # [n, width, top_n]
+        for i, (row, slot) in enumerate(zip(asking, slots, strict=True)):
+            assert slot is not None and slot.logprobs is not None
+            wanted = slot.request.params.logprobs or 0
+            for j in range(int(report.kept[row])):
+                token_id = int(report.output_ids[row, j])
+                top = tuple(
+                    (int(top_ids_h[i, j, m]), self._token_text(int(top_ids_h[i, j, m])), float(top_values_h[i, j, m]))
+                    for m in range(wanted)
+                )
+                slot.logprobs.append(TokenLogprob(token_id, self._token_text(token_id), float(chosen[i, j]), top))
+
+    def _token_text(self, token_id: int) -> str:
+        return decode(self.tokenizer, [token_id])
+
     def _finish(
         self, batch: BatchState, live: np.ndarray, k: int, report: _StepReport, sources: np.ndarray | None = None
     ) -> Iterator[GenerationResult]:
@@ -498,6 +532,7 @@ class SpeculativeEngine:
                 seed=slot.seed,
                 latency_s=now - slot.started,
                 first_token_s=None if slot.first_token_at is None else slot.first_token_at - slot.started,
+                logprobs=None if slot.logprobs is None else slot.logprobs[: len(tokens)],  # a stop string cuts both
             )
         batch.release(rows)
 

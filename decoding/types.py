@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
+from specq.limits import LOGPROBS, MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
 
 FinishReason = Literal["stop", "length"]
 
@@ -20,6 +20,8 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None  # None: the engine draws one, and reports it
     stop: tuple[str, ...] = ()
+    # None: no log-probabilities; N: each output token's own and its N most likely alternatives
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         MAX_TOKENS.check("max_tokens", self.max_tokens)
@@ -28,6 +30,8 @@ class SamplingParams:
         TOP_K.check("top_k", self.top_k)
         if self.seed is not None:
             SEED.check("seed", self.seed)
+        if self.logprobs is not None:
+            LOGPROBS.check("logprobs", self.logprobs)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):
@@ -41,6 +45,25 @@ class GenerationRequest:
     key: int
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability under the target (its raw log-softmax: before temperature,
+    top-k and top-p, as OpenAI reports them), and its `top` alternatives, most likely first."""
+
+    token_id: int
+    token: str  # the token decoded alone (a partial UTF-8 character decodes to U+FFFD)
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (token id, token, logprob)
+
+    def to_dict(self) -> dict:
+        return {
+            "token_id": self.token_id,
+            "token": self.token,
+            "logprob": self.logprob,
+            "top": [list(entry) for entry in self.top],
+        }
 
 
 @dataclass
@@ -59,6 +82,7 @@ class GenerationResult:
     latency_s: float = 0.0
     first_token_s: float | None = None  # from admission to the first output token (None: no token)
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked
 
     @classmethod
     def failed(cls, key: int, error: str, prompt_tokens: int = 0) -> GenerationResult:

@@ -37,6 +37,7 @@ class StoredResult(NamedTuple):
     draft_tokens: int
     accepted_tokens: int
     error: str | None
+    logprobs: list[dict[str, Any]] | None = None  # TokenLogprob.to_dict() of each token, when asked
 
 
 def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
@@ -59,6 +60,7 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Result.draft_tokens,
             Result.accepted_tokens,
             Result.error,
+            Result.logprobs,
             Result.status,
             Result.created_at,
         )
@@ -111,6 +113,7 @@ def _rows(db: Database, job_id: str, patient: Patient | None) -> Iterator[Row]:
                 draft_tokens=row.draft_tokens,
                 accepted_tokens=row.accepted_tokens,
                 error=row.error,
+                logprobs=row.logprobs,
             )
             yield Row(row.seq, request, result, row.status, int(row.created_at.timestamp()))
         if len(page) < PAGE:

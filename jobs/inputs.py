@@ -69,8 +69,10 @@ from specq.jobs.openai_fields import (
     MESSAGE_NEUTRAL_FIELDS,
 )
 from specq.limits import (
+    COMPLETIONS_LOGPROBS,
     INPUT_BYTES,
     LINE_BYTES,
+    LOGPROBS,
     MAX_STOP_STRINGS,
     MAX_TOKENS,
     SEED,
@@ -90,7 +92,7 @@ TOOL_ROLES = frozenset({"tool", "function"})
 _ROLES_TEXT = ", ".join(f'"{role}"' for role in CHAT_ROLES)
 
 _OVERRIDE_SET = frozenset(OVERRIDE_KEYS)
-_PLAIN_KEYS = frozenset({"id", "prompt", "messages", *OVERRIDE_KEYS})
+_PLAIN_KEYS = frozenset({"id", "prompt", "messages", "logprobs", *OVERRIDE_KEYS})
 _OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _MESSAGE_KEYS = MESSAGE_FIELDS | MESSAGE_NEUTRAL_FIELDS
 MAX_LINE_ENV = "SPECQ_MAX_LINE_BYTES"
@@ -367,7 +369,26 @@ def _parse_plain(obj: dict, line: int) -> RequestSpec:
     if not obj.keys() <= _PLAIN_KEYS:
         raise LineError(f"unknown field {_first_key(obj.keys() - _PLAIN_KEYS)}")
     request_id = _check_id("id", obj["id"]) if "id" in obj else str(line)
-    return _spec(line, request_id, _read_prompt(obj, ""), _read_overrides(obj, ""))
+    overrides = _read_overrides(obj, "")
+    if obj.get("logprobs") is not None:
+        overrides["logprobs"] = _check_int("logprobs", obj["logprobs"], LOGPROBS)
+    return _spec(line, request_id, _read_prompt(obj, ""), overrides)
+
+
+def _openai_logprobs(body: dict, url: str) -> int | None:
+    """How many top alternatives an OpenAI line asks for each token, as specq's `logprobs`; None: none.
+    /v1/completions: `logprobs: N` (0 to 5). Chat: `logprobs: true`, with `top_logprobs: N` (0 to 20)."""
+    value = body.get("logprobs")
+    if url == COMPLETIONS_URL:
+        return None if value is None else _check_int("body.logprobs", value, COMPLETIONS_LOGPROBS)
+    top = body.get("top_logprobs")
+    if value is not None and not isinstance(value, bool):
+        raise LineError(f'"body.logprobs" must be true or false, got {_type_name(value)}')
+    if not value:
+        if top is not None and top != 0:
+            raise LineError('"body.top_logprobs" needs "body.logprobs": true')
+        return None
+    return 0 if top is None else _check_int("body.top_logprobs", top, LOGPROBS)
 
 
 def _check_body_fields(body: dict, url: str) -> None:
@@ -411,6 +432,9 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
         overrides["max_tokens"] = _check_override(
             "max_tokens", "body.max_completion_tokens", body["max_completion_tokens"]
         )
+    logprobs = _openai_logprobs(body, url)
+    if logprobs is not None:
+        overrides["logprobs"] = logprobs
     model = body.get("model")
     return _spec(line, request_id, prompt, overrides, model if isinstance(model, str) else None)
 

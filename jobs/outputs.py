@@ -56,6 +56,53 @@ class ResultLike(Protocol):
     def accepted_tokens(self) -> int: ...
     @property
     def error(self) -> str | None: ...
+    @property
+    def logprobs(self) -> Sequence[Any] | None: ...  # TokenLogprob objects, or their dicts as stored
+
+
+def logprob_entries(result: ResultLike) -> list[dict[str, Any]] | None:
+    """The result's per-token log-probabilities as dicts (TokenLogprob.to_dict()); None if not asked."""
+    if result.logprobs is None:
+        return None
+    return [entry if isinstance(entry, dict) else entry.to_dict() for entry in result.logprobs]
+
+
+def openai_completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """/v1/completions' `choices[i].logprobs`: tokens, their logprobs, each one's top alternatives
+    (token -> logprob) and its offset in the completion's text."""
+    offsets, offset = [], 0
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {
+        "tokens": [entry["token"] for entry in entries],
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [{token: logprob for _, token, logprob in entry["top"]} for entry in entries],
+        "text_offset": offsets,
+    }
+
+
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="surrogatepass"))
+
+
+def openai_chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat's `choices[i].logprobs`: `content`, one object a token with its bytes and top alternatives."""
+    return {
+        "content": [
+            {
+                "token": entry["token"],
+                "logprob": entry["logprob"],
+                "bytes": _token_bytes(entry["token"]),
+                "top_logprobs": [
+                    {"token": token, "logprob": logprob, "bytes": _token_bytes(token)}
+                    for _, token, logprob in entry["top"]
+                ],
+            }
+            for entry in entries
+        ],
+        "refusal": None,
+    }
 
 
 def _field(request: RequestLike, name: str) -> Any:
@@ -81,6 +128,9 @@ def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool
     }
     if with_tokens:
         record["tokens"] = None if failed else list(result.token_ids)
+    entries = None if failed else logprob_entries(result)
+    if entries is not None:
+        record["logprobs"] = [{k: entry[k] for k in ("token", "logprob", "top")} for entry in entries]
     record["error"] = result.error
     return record
 
@@ -118,9 +168,11 @@ def _completion_body(request: RequestLike, result: ResultLike, *, ids: OpenAIIds
         "completion_tokens": result.completion_tokens,
         "total_tokens": result.prompt_tokens + result.completion_tokens,
     }
+    entries = logprob_entries(result)
     if _field(request, "kind") == "chat":
         message = {"role": "assistant", "content": result.text, "refusal": None}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}
+        logprobs = None if entries is None else openai_chat_logprobs(entries)
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason}
         return {
             "id": f"chatcmpl-{ids.completion}",
             "object": "chat.completion",
@@ -134,7 +186,14 @@ def _completion_body(request: RequestLike, result: ResultLike, *, ids: OpenAIIds
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}],
+        "choices": [
+            {
+                "text": result.text,
+                "index": 0,
+                "logprobs": None if entries is None else openai_completion_logprobs(entries),
+                "finish_reason": result.finish_reason,
+            }
+        ],
         "usage": usage,
     }
 

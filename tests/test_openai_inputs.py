@@ -158,8 +158,6 @@ def test_openai_documented_lines_are_accepted(tmp_path: Path) -> None:
 # A value specq cannot honour for each field it accepts only at a neutral value.
 NOT_NEUTRAL: dict[str, tuple[str, object]] = {
     "n": (COMPLETIONS_URL, 2),
-    "logprobs": (COMPLETIONS_URL, 0),  # 0 asks for the chosen tokens' log-probabilities
-    "top_logprobs": (CHAT_URL, 3),
     "stream": (CHAT_URL, True),
     "stream_options": (CHAT_URL, {"include_usage": True}),
     "frequency_penalty": (COMPLETIONS_URL, 0.5),
@@ -225,8 +223,8 @@ def test_values_specq_cannot_honour_are_refused_naming_line_and_field(tmp_path: 
         ),
         (
             CHAT_URL,
-            {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
-            '"body.logprobs" is not supported: specq accepts it only as null or false, got true',
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
+            '"body.top_logprobs" needs "body.logprobs": true',
         ),
         (
             CHAT_URL,

@@ -56,7 +56,9 @@ def env(pg_db_url, tmp_path):
 @pytest.fixture
 def finished_job(env, tiny_pair, tmp_path) -> str:
     """A job run to its end in-process (no broker): three completed requests, one past the context."""
-    return submit_job(env, write_requests(tmp_path / "in.jsonl", LINES), "--target", tiny_pair[0], "--wait")
+    result = invoke(["submit", write_requests(tmp_path / "in.jsonl", LINES), "--target", tiny_pair[0], "--wait"], env)
+    assert result.exit_code == 1, result.output  # the one past the context failed
+    return result.stdout.strip()
 
 
 def test_the_openai_export_echoes_models_keeps_ids_and_validates(env, finished_job, tiny_pair, pg_db_url, tmp_path):
