@@ -9,6 +9,7 @@ has no completion and says why in `error` (jsonl, openai) or `status` (csv).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 from typing import Any, Literal, NamedTuple
 
@@ -52,6 +53,8 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Request.prompt_token_ids,
             Request.state,
             Request.model,
+            Request.line,
+            Request.choice_index,
             Result.completion,
             Result.token_ids,
             Result.finish_reason,
@@ -77,6 +80,8 @@ class Row(NamedTuple):
     """One request of the job as export reads it."""
 
     seq: int
+    line: int  # the input line: a line with `n` > 1 has a row a choice, consecutive
+    choice: int
     request: dict[str, Any]
     result: StoredResult | None  # None: it has not run
     state: str  # the result's status when it has one, else the request's state
@@ -102,7 +107,7 @@ def _rows(db: Database, job_id: str, patient: Patient | None) -> Iterator[Row]:
                 "model": row.model,
             }
             if row.status is None:
-                yield Row(row.seq, request, None, row.state, None)
+                yield Row(row.seq, row.line, row.choice_index, request, None, row.state, None)
                 continue
             result = StoredResult(
                 token_ids=row.token_ids or [],
@@ -115,7 +120,7 @@ def _rows(db: Database, job_id: str, patient: Patient | None) -> Iterator[Row]:
                 error=row.error,
                 logprobs=row.logprobs,
             )
-            yield Row(row.seq, request, result, row.status, int(row.created_at.timestamp()))
+            yield Row(row.seq, row.line, row.choice_index, request, result, row.status, int(row.created_at.timestamp()))
         if len(page) < PAGE:
             return
         after = page[-1].seq
@@ -137,11 +142,18 @@ def _job(db: Database, job_id: str) -> Job:
 Only = Literal["completed", "errors"] | None
 
 
-def _wanted(row: Row, only: Only) -> bool:
-    """--completed-only: OpenAI's output file; --errors-only: its error file (every other request)."""
+def _lines(rows: Iterator[Row]) -> Iterator[list[Row]]:
+    """The rows of each input line: one, or its `n` choices."""
+    for _, choices in itertools.groupby(rows, key=lambda row: row.line):
+        yield list(choices)
+
+
+def _wanted(choices: list[Row], only: Only) -> bool:
+    """--completed-only: OpenAI's output file; --errors-only: its error file (every other line). A line
+    completed when every one of its choices did."""
     if only is None:
         return True
-    return (row.state == "completed") == (only == "completed")
+    return all(row.state == "completed" for row in choices) == (only == "completed")
 
 
 def export_job(
@@ -154,34 +166,43 @@ def export_job(
     only: Only = None,
     patient: Patient | None = None,
 ) -> int:
-    """Write the job's results to `path` in `fmt`; returns the number of requests written. CSV text
-    cells that a spreadsheet would run get a leading `'` unless `csv_raw` (jobs.outputs.defused).
-    `only`: just the completed requests, or just the others. `patient`: every read rides out a
-    database outage through it.
+    """Write the job's results to `path` in `fmt`; returns the number of lines written (csv and jsonl:
+    a line with `n` > 1 writes a row a choice). CSV text cells that a spreadsheet would run get a
+    leading `'` unless `csv_raw` (jobs.outputs.defused). `only`: just the completed lines, or just the
+    others. `patient`: every read rides out a database outage through it.
 
     In the OpenAI format, `model` is the job's served model name, else the line's `body.model`, else the
-    target's name (`served_name`); ids derive from the job id and the request's position."""
+    target's name (`served_name`); ids derive from the job id and the line's first position."""
     job = patient(lambda: _job(db, job_id)) if patient else _job(db, job_id)
     default_model = served_name(job.target)
-    rows = (row for row in _rows(db, job_id, patient) if _wanted(row, only))
+    lines = (choices for choices in _lines(_rows(db, job_id, patient)) if _wanted(choices, only))
+    # csv and jsonl: a row a choice, which says its index when the line has several
+    rows = ((row, row.choice if len(choices) > 1 else None) for choices in lines for row in choices)
     with open_output(path) as out:
         if fmt == "csv":
-            return write_csv(out, (csv_row(row.request, row.result, row.state) for row in rows), raw=csv_raw)
+            return write_csv(
+                out, (csv_row(row.request, row.result, row.state, choice or 0) for row, choice in rows), raw=csv_raw
+            )
         if fmt == "jsonl":
             return write_jsonl(
-                out, (result_record(row.request, row.result or _not_run(row.state), with_tokens=True) for row in rows)
+                out,
+                (
+                    result_record(row.request, row.result or _not_run(row.state), with_tokens=True, choice=choice)
+                    for row, choice in rows
+                ),
             )
         return write_jsonl(
             out,
             (
                 openai_record(
-                    row.request,
-                    row.result,
-                    model=job.served_model_name or row.request["model"] or default_model,
-                    ids=OpenAIIds.derive(job_id, row.seq),
-                    created=row.created,
-                    state=row.state,
+                    choices[0].request,
+                    choices[0].result,
+                    model=job.served_model_name or choices[0].request["model"] or default_model,
+                    ids=OpenAIIds.derive(job_id, choices[0].seq),
+                    created=max((row.created for row in choices if row.created is not None), default=None),
+                    state=choices[0].state,
+                    more=[row.result for row in choices[1:]],
                 )
-                for row in rows
+                for choices in lines
             ),
         )

@@ -69,6 +69,7 @@ from specq.jobs.openai_fields import (
     MESSAGE_NEUTRAL_FIELDS,
 )
 from specq.limits import (
+    CHOICES,
     COMPLETIONS_LOGPROBS,
     INPUT_BYTES,
     LINE_BYTES,
@@ -92,7 +93,7 @@ TOOL_ROLES = frozenset({"tool", "function"})
 _ROLES_TEXT = ", ".join(f'"{role}"' for role in CHAT_ROLES)
 
 _OVERRIDE_SET = frozenset(OVERRIDE_KEYS)
-_PLAIN_KEYS = frozenset({"id", "prompt", "messages", "logprobs", *OVERRIDE_KEYS})
+_PLAIN_KEYS = frozenset({"id", "prompt", "messages", "logprobs", "n", *OVERRIDE_KEYS})
 _OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _MESSAGE_KEYS = MESSAGE_FIELDS | MESSAGE_NEUTRAL_FIELDS
 MAX_LINE_ENV = "SPECQ_MAX_LINE_BYTES"
@@ -116,6 +117,7 @@ class RequestSpec:
     overrides: dict
     prompt_token_ids: tuple[int, ...] | None = None  # set for "completion" requests given as token ids
     model: str | None = None  # an OpenAI line's `body.model`, echoed in OpenAI-format output
+    n: int = 1  # completions of this line (`n`), each a request of its own (`choice_index`)
 
 
 @dataclass(frozen=True)
@@ -359,10 +361,17 @@ def _read_overrides(obj: dict, prefix: str) -> dict:
     return overrides
 
 
-def _spec(line: int, request_id: str, prompt: _Prompt, overrides: dict, model: str | None = None) -> RequestSpec:
+def _spec(
+    line: int, request_id: str, prompt: _Prompt, overrides: dict, model: str | None = None, n: int = 1
+) -> RequestSpec:
     return RequestSpec(
-        line, request_id, prompt.kind, prompt.prompt, prompt.messages, overrides, prompt.token_ids, model
+        line, request_id, prompt.kind, prompt.prompt, prompt.messages, overrides, prompt.token_ids, model, n
     )
+
+
+def _read_n(obj: dict, name: str) -> int:
+    """The line's `n` (completions of it), 1 when absent or null."""
+    return 1 if obj.get("n") is None else _check_int(name, obj["n"], CHOICES)
 
 
 def _parse_plain(obj: dict, line: int) -> RequestSpec:
@@ -372,7 +381,7 @@ def _parse_plain(obj: dict, line: int) -> RequestSpec:
     overrides = _read_overrides(obj, "")
     if obj.get("logprobs") is not None:
         overrides["logprobs"] = _check_int("logprobs", obj["logprobs"], LOGPROBS)
-    return _spec(line, request_id, _read_prompt(obj, ""), overrides)
+    return _spec(line, request_id, _read_prompt(obj, ""), overrides, n=_read_n(obj, "n"))
 
 
 def _openai_logprobs(body: dict, url: str) -> int | None:
@@ -436,7 +445,9 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
     if logprobs is not None:
         overrides["logprobs"] = logprobs
     model = body.get("model")
-    return _spec(line, request_id, prompt, overrides, model if isinstance(model, str) else None)
+    return _spec(
+        line, request_id, prompt, overrides, model if isinstance(model, str) else None, _read_n(body, "body.n")
+    )
 
 
 MAX_JSON_DEPTH = 1024  # orjson's limit: arrays and objects nested deeper are refused

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from specq.jobs.input_source import STDIN, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs, validate_file
 from specq.jobs.output_file import open_output
 from specq.jobs.outputs import OpenAIIds, openai_record, result_record, served_name
-from specq.jobs.params import engine_request
+from specq.jobs.params import choice_overrides, engine_request
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +83,30 @@ def run_file(
 
         engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)
         summary = RunSummary(total=total, stats=engine.stats)
-        requests_of: dict[int, dict[str, Any]] = {}  # key -> the request's id, kind, model; lines not yet written
+        # key -> the request's id, kind, model, choice and n; for requests not yet written. A line with
+        # `n` > 1 is n requests (its choices), at consecutive keys
+        requests_of: dict[int, dict[str, Any]] = {}
         record = _record_writer(output_format, served_model_name or None, target)
         early_failures: dict[int, GenerationResult] = {}
 
         def requests() -> Iterator[GenerationRequest]:
-            for key, spec in enumerate(iter_request_specs(source.path, limits, name=source.name)):
-                requests_of[key] = {"id": spec.id, "kind": spec.kind, "model": spec.model}
-                request = engine_request(key, spec, pair.tokenizer, sampling, chat_template)
-                if isinstance(request, GenerationResult):
-                    early_failures[key] = request
-                else:
-                    yield request
+            key = 0
+            for spec in iter_request_specs(source.path, limits, name=source.name):
+                for choice in range(spec.n):
+                    requests_of[key] = {
+                        "id": spec.id,
+                        "kind": spec.kind,
+                        "model": spec.model,
+                        "choice": choice,
+                        "n": spec.n,
+                    }
+                    line = replace(spec, overrides=choice_overrides(spec.overrides, choice))
+                    request = engine_request(key, line, pair.tokenizer, sampling, chat_template)
+                    if isinstance(request, GenerationResult):
+                        early_failures[key] = request
+                    else:
+                        yield request
+                    key += 1
 
         waiting: dict[int, GenerationResult] = {}
         next_key = 0
@@ -105,7 +117,9 @@ def run_file(
                 result = waiting.pop(next_key, None) or early_failures.pop(next_key, None)
                 if result is None:
                     return
-                output.write(json.dumps(record(next_key, requests_of.pop(next_key), result), ensure_ascii=False) + "\n")
+                line = record(next_key, requests_of.pop(next_key), result)
+                if line is not None:
+                    output.write(json.dumps(line, ensure_ascii=False) + "\n")
                 if result.error is None:
                     summary.completed += 1
                 else:
@@ -125,15 +139,26 @@ def run_file(
 
 def _record_writer(
     output_format: OutputFormat, served_model_name: str | None, target: str
-) -> Callable[[int, dict[str, Any], GenerationResult], dict]:
-    """(position, request, result) -> the output line, in `output_format`."""
+) -> Callable[[int, dict[str, Any], GenerationResult], dict | None]:
+    """(position, request, result), in order -> the output line to write, or None while a line with
+    `n` > 1 waits for its other choices. jsonl: a line a choice (with its `choice` when n > 1); openai:
+    a line an input line, its choices together."""
     if output_format == "jsonl":
-        return lambda position, request, result: result_record(request, result, with_tokens=True)
+        return lambda position, request, result: result_record(
+            request, result, with_tokens=True, choice=request["choice"] if request["n"] > 1 else None
+        )
     scope, default_model = uuid.uuid4().hex, served_name(target)  # ids unique to this run's file
+    choices: list[GenerationResult] = []
 
-    def openai_line(position: int, request: dict[str, Any], result: GenerationResult) -> dict:
+    def openai_line(position: int, request: dict[str, Any], result: GenerationResult) -> dict | None:
+        choices.append(result)
+        if request["choice"] < request["n"] - 1:
+            return None
+        first, *more = choices
+        choices.clear()
         model = served_model_name or request["model"] or default_model
-        return openai_record(request, result, model=model, ids=OpenAIIds.derive(scope, position))
+        ids = OpenAIIds.derive(scope, position - request["choice"])
+        return openai_record(request, first, model=model, ids=ids, more=more)
 
     return openai_line
 

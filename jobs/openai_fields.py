@@ -118,8 +118,7 @@ BODY_FIELDS: dict[str, BodyField] = {
     "parallel_tool_calls": _ignored(CHAT_ONLY),  # means nothing without tools, which are refused
     "logprobs": _setting(),  # completions: the top-N count; chat: true or false (jobs.inputs)
     "top_logprobs": _setting(CHAT_ONLY),  # with chat's logprobs: true
-    # Not supported yet: each is one entry, switched on by making it a setting.
-    "n": _neutral(BOTH, _null_or_one, "1"),
+    "n": _setting(),  # completions of the line (jobs.inputs)
     # Cannot be honoured by a batch of local text models.
     "stream": _neutral(BOTH, _null_or_false, "false"),
     "stream_options": _neutral(BOTH, _null, "null (it needs stream)"),

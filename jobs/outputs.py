@@ -31,6 +31,7 @@ CSV_COLUMNS = (
     "accepted_tokens",
     "status",
     "error",
+    "choice",  # 0, or which of a line's n completions (`n` > 1: a row each)
 )
 
 RequestLike = RequestSpec | Mapping[str, Any]
@@ -111,10 +112,13 @@ def _field(request: RequestLike, name: str) -> Any:
     return request.get(name)
 
 
-def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool = False) -> dict:
+def result_record(
+    request: RequestLike, result: ResultLike, *, with_tokens: bool = False, choice: int | None = None
+) -> dict:
     """One line of `specq run`'s output or of `export --format jsonl`.
 
-    `with_tokens` adds `tokens`, the completion's token ids (exactly those `completion` decodes).
+    `with_tokens` adds `tokens`, the completion's token ids (exactly those `completion` decodes);
+    `choice` (a line with `n` > 1, a record each) adds which of its completions this is.
     """
     failed = result.error is not None
     record: dict[str, Any] = {
@@ -132,6 +136,8 @@ def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool
     if entries is not None:
         record["logprobs"] = [{k: entry[k] for k in ("token", "logprob", "top")} for entry in entries]
     record["error"] = result.error
+    if choice is not None:
+        record["choice"] = choice
     return record
 
 
@@ -162,38 +168,39 @@ def _response(ids: OpenAIIds, status_code: int, body: dict[str, Any]) -> dict[st
     return {"status_code": status_code, "request_id": ids.request, "body": body}
 
 
-def _completion_body(request: RequestLike, result: ResultLike, *, ids: OpenAIIds, model: str, created: int) -> dict:
-    usage = {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
-    }
+def _choice(chat: bool, index: int, result: ResultLike) -> dict[str, Any]:
     entries = logprob_entries(result)
-    if _field(request, "kind") == "chat":
+    if chat:
         message = {"role": "assistant", "content": result.text, "refusal": None}
         logprobs = None if entries is None else openai_chat_logprobs(entries)
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason}
-        return {
-            "id": f"chatcmpl-{ids.completion}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": usage,
-        }
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason}
     return {
-        "id": f"cmpl-{ids.completion}",
-        "object": "text_completion",
+        "text": result.text,
+        "index": index,
+        "logprobs": None if entries is None else openai_completion_logprobs(entries),
+        "finish_reason": result.finish_reason,
+    }
+
+
+def _completion_body(
+    request: RequestLike, results: Sequence[ResultLike], *, ids: OpenAIIds, model: str, created: int
+) -> dict:
+    """The response body of a line and its completions (one, or `n`): the prompt counted once in the
+    usage, the completions' tokens summed, as OpenAI counts them."""
+    prompt_tokens = results[0].prompt_tokens
+    completion_tokens = sum(result.completion_tokens for result in results)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    chat = _field(request, "kind") == "chat"
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{ids.completion}",
+        "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "text": result.text,
-                "index": 0,
-                "logprobs": None if entries is None else openai_completion_logprobs(entries),
-                "finish_reason": result.finish_reason,
-            }
-        ],
+        "choices": [_choice(chat, index, result) for index, result in enumerate(results)],
         "usage": usage,
     }
 
@@ -206,6 +213,7 @@ def openai_record(
     ids: OpenAIIds,
     created: int | None = None,
     state: str = "",
+    more: Sequence[ResultLike | None] = (),
 ) -> dict:
     """One line of the OpenAI Batch API's output file for `request` (its error file for a request
     without a completion).
@@ -215,7 +223,14 @@ def openai_record(
     request that never ran, with `state` its request state (`batch_cancelled`, `batch_expired`). A
     prompt too long for the model is a 400 `invalid_request_error` response, as OpenAI answers one; any
     other failure an `error` object. `custom_id` is the request's id whatever form its line had.
+
+    `more`: the results of the line's other choices (`n` > 1), which join `result` as `choices[1:]`;
+    the line is an error, the first choice's that has no completion, unless every choice completed.
     """
+    if more:
+        missing = [r for r in (result, *more) if r is None or r.error is not None]
+        if missing:  # a line is one request: it completed only if every choice did
+            return openai_record(request, missing[0], model=model, ids=ids, created=created, state=state)
     line: dict[str, Any] = {"id": ids.line, "custom_id": _field(request, "id")}
     if result is None:
         code = NOT_RUN_CODES.get(state, "not_run")
@@ -236,7 +251,8 @@ def openai_record(
         line.update(response=None, error={"code": "generation_failed", "message": result.error})
         return line
     created = int(time.time()) if created is None else created
-    body = _completion_body(request, result, ids=ids, model=model, created=created)
+    results = [result, *(r for r in more if r is not None)]
+    body = _completion_body(request, results, ids=ids, model=model, created=created)
     line.update(response=_response(ids, 200, body), error=None)
     return line
 
@@ -258,10 +274,10 @@ def prompt_text(request: RequestLike) -> str:
     return _field(request, "prompt") or ""
 
 
-def csv_row(request: RequestLike, result: ResultLike | None, status: str) -> list[Any]:
+def csv_row(request: RequestLike, result: ResultLike | None, status: str, choice: int = 0) -> list[Any]:
     """One CSV row in CSV_COLUMNS order; `result` None for a request that has none (not run yet)."""
     if result is None:
-        return [_field(request, "id"), prompt_text(request), "", "", "", "", "", "", status, ""]
+        return [_field(request, "id"), prompt_text(request), "", "", "", "", "", "", status, "", choice]
     failed = result.error is not None
     return [
         _field(request, "id"),
@@ -274,6 +290,7 @@ def csv_row(request: RequestLike, result: ResultLike | None, status: str) -> lis
         result.accepted_tokens,
         status,
         result.error or "",
+        choice,
     ]
 
 
