@@ -217,6 +217,7 @@ def run_draft_axis_benchmark(
     device: str | None = None,
     dtype: str | None = None,
     threads: int | None = None,
+    compile: str = "off",
     command: str | None = None,
     progress: Callable[[str], None] = lambda message: None,
     **settings: Any,
@@ -229,7 +230,7 @@ def run_draft_axis_benchmark(
     from specq.bench.runner import load_bench_pair, machine_info
 
     started = time.perf_counter()
-    pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress)
+    pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress, compile)
     machine = machine_info(device, dtype)
     results = run_draft_axis(
         pair.target, pair.draft, pair.tokenizer, workloads, drafts, batch_sizes, progress=progress, **settings

@@ -478,6 +478,7 @@ def load_bench_pair(
     dtype: str | None,
     threads: int | None,
     progress: Callable[[str], None],
+    compile: str = "off",
 ) -> tuple[Any, str, str, str]:
     """(pair, device, target, draft) for a benchmark: target and draft None mean the demo pair (built on
     first use); `device` None: cuda if available, else cpu; `threads`: torch's intra-op threads. A pair
@@ -495,7 +496,7 @@ def load_bench_pair(
             progress("using the demo pair (building it on first use takes a few minutes)")
             demo = build_demo_models()
             target, draft = str(demo.target_dir), str(demo.draft_dir)
-        return load_pair(target, draft, device, dtype), device, target, draft
+        return load_pair(target, draft, device, dtype, compile), device, target, draft
     except ValueError as exc:
         raise SpecqError(str(exc)) from exc
 
@@ -508,6 +509,7 @@ def run_benchmark(
     device: str | None = None,
     dtype: str | None = None,
     threads: int | None = None,
+    compile: str = "off",
     command: str | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
@@ -518,7 +520,7 @@ def run_benchmark(
     `threads`: torch's intra-op threads (None: torch's own choice); `device` None: cuda if available,
     else cpu. A pair that cannot be loaded raises SpecqError."""
     started = time.perf_counter()
-    pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress)
+    pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress, compile)
     try:
         texts, prompts = prompt_token_ids(pair.tokenizer, settings.num_prompts, settings.prompt_chars)
     except ValueError as exc:

@@ -5,12 +5,20 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 
 from specq.cli.group import cli
 from specq.cli.options import float_range, int_range
-from specq.limits import BENCH_DRAFTS, BENCH_SPECULATIVE_TOKENS, BENCH_WORKLOADS, MAX_TOKENS, TEMPERATURE
+from specq.limits import (
+    BENCH_DRAFTS,
+    BENCH_SPECULATIVE_TOKENS,
+    BENCH_WORKLOADS,
+    COMPILE_MODES,
+    MAX_TOKENS,
+    TEMPERATURE,
+)
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -107,6 +115,13 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     "the suffix index, and the hybrid of the draft model with the suffix index.",
 )
 @click.option(
+    "--compile",
+    type=click.Choice(COMPILE_MODES),
+    default="off",
+    show_default=True,
+    help="Compiled forwards for every contender (as run/submit --compile; auto: on CUDA only).",
+)
+@click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), help="Write the full results as JSON here ('-': stdout)."
 )
 @click.option(
@@ -132,6 +147,7 @@ def bench(
     hf_assistant_tokens: int | None,
     workloads: tuple[str, ...],
     drafts: tuple[str, ...],
+    compile: str,
     json_path: str | None,
     markdown_path: str | None,
 ) -> None:
@@ -146,6 +162,15 @@ def bench(
     from specq.errors import SpecqError
 
     command = shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None
+    # how the pair is loaded and the run reported: the same for both benchmarks
+    loading: dict[str, Any] = {
+        "device": device,
+        "dtype": dtype,
+        "threads": threads,
+        "compile": compile,
+        "command": command,
+        "progress": lambda line: click.echo(line, err=True),
+    }
     if workloads:
         _draft_axis(
             target,
@@ -153,20 +178,17 @@ def bench(
             workloads,
             drafts,
             batch_sizes,
-            num_prompts,
-            max_tokens,
-            num_speculative_tokens,
-            temperature,
-            device,
-            dtype,
-            threads,
-            warmup,
-            repeats,
-            prompt_chars,
-            seed,
-            command,
-            json_path,
-            markdown_path,
+            loading,
+            num_prompts=num_prompts or 2 * max(batch_sizes),
+            prompt_chars=prompt_chars,
+            max_tokens=max_tokens,
+            num_speculative_tokens=num_speculative_tokens,
+            temperature=temperature,
+            seed=seed,
+            warmup=warmup,
+            repeats=repeats,
+            json_path=json_path,
+            markdown_path=markdown_path,
         )
         return
 
@@ -188,16 +210,7 @@ def bench(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        results = runner.run_benchmark(
-            target,
-            draft,
-            settings,
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            command=command,
-            progress=lambda line: click.echo(line, err=True),
-        )
+        results = runner.run_benchmark(target, draft, settings, **loading)
     except SpecqError as exc:
         raise click.ClickException(str(exc)) from None
     report.print_tables(results)
@@ -213,44 +226,19 @@ def _draft_axis(
     workloads: tuple[str, ...],
     drafts: tuple[str, ...],
     batch_sizes: tuple[int, ...],
-    num_prompts: int | None,
-    max_tokens: int,
-    num_speculative_tokens: int,
-    temperature: float,
-    device: str | None,
-    dtype: str | None,
-    threads: int | None,
-    warmup: int,
-    repeats: int,
-    prompt_chars: int,
-    seed: int,
-    command: str | None,
+    loading: dict[str, Any],
+    *,
     json_path: str | None,
     markdown_path: str | None,
+    **settings: Any,
 ) -> None:
+    """`bench --workloads`: the draft axis, with the benchmark's own settings (`settings`)."""
     from specq.bench import draft_axis, report
     from specq.errors import SpecqError
 
     try:
         results = draft_axis.run_draft_axis_benchmark(
-            target,
-            draft,
-            workloads,
-            drafts,
-            batch_sizes,
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            command=command,
-            progress=lambda line: click.echo(line, err=True),
-            num_prompts=num_prompts or 2 * max(batch_sizes),
-            prompt_chars=prompt_chars,
-            max_tokens=max_tokens,
-            num_speculative_tokens=num_speculative_tokens,
-            temperature=temperature,
-            seed=seed,
-            warmup=warmup,
-            repeats=repeats,
+            target, draft, workloads, drafts, batch_sizes, **loading, **settings
         )
     except SpecqError as exc:
         raise click.ClickException(str(exc)) from None

@@ -38,6 +38,7 @@ from specq.errors import (
 )
 from specq.limits import (
     BATCH_SIZE,
+    COMPILE_MODES,
     INPUT_BYTES,
     LINE_BYTES,
     MAX_TOKENS,
@@ -102,6 +103,7 @@ GENERATION_PARAMS = (
     "dtype",
     "chat_template",
     "served_model_name",
+    "compile",
 )
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
@@ -177,6 +179,14 @@ _OPTIONS = [
         "none); submit stores it with the job. [default: the target tokenizer's]",
     ),
     click.option(
+        "--compile",
+        type=click.Choice(COMPILE_MODES),
+        default="auto",
+        show_default=True,
+        help="Compiled forwards (torch.compile, checked against eager at load): auto compiles on CUDA only; on "
+        "fails (exit 2) where a model cannot be compiled; off never compiles.",
+    ),
+    click.option(
         "--served-model-name",
         help="The `model` that OpenAI-format output reports. [default: each line's body.model, else the target's "
         "name: a hub id as given, a local folder by its last component]",
@@ -212,6 +222,7 @@ class GenerationOptions:
     dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
     chat_template: str | None  # the text of --chat-template; None: the tokenizer's own
     served_model_name: str | None  # the `model` of OpenAI-format output; None: the line's, else the target's
+    compile: str  # auto, on or off (decoding.compiled)
 
 
 def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
@@ -246,6 +257,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         dtype=values["dtype"].lower() if values["dtype"] else None,
         chat_template=chat_template,
         served_model_name=values["served_model_name"] or None,
+        compile=values["compile"],
     )
 
 

@@ -140,6 +140,7 @@ def submit(
             max_attempts=max_attempts,
             chat_template=generation.chat_template,
             served_model_name=generation.served_model_name,
+            compile=generation.compile,
             metadata=metadata_pairs,
             completion_window=None if completion_window is None else completion_window[0],
             completion_window_s=None if completion_window is None else completion_window[1].total_seconds(),

@@ -8,6 +8,7 @@ import click
 
 from specq.cli.group import cli
 from specq.cli.options import broker_option, database_option, patient_reads, specq_errors
+from specq.limits import COMPILE_MODES
 
 DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both sets --metrics-port
 
@@ -32,6 +33,14 @@ DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both
     help="Address the metrics page listens on; 0.0.0.0 in a container, for Prometheus to reach it.",
 )
 @click.option(
+    "--compile",
+    type=click.Choice(COMPILE_MODES),
+    default="auto",
+    show_default=True,
+    help="Compiled forwards for jobs submitted with --compile auto: auto compiles on CUDA only; on fails a job "
+    "whose models cannot be compiled; off never compiles.",
+)
+@click.option(
     "--models-cached", type=click.IntRange(min=1), default=1, show_default=True, help="Model pairs kept loaded."
 )
 @database_option
@@ -43,6 +52,7 @@ def worker(
     metrics_port: int,
     metrics_host: str,
     models_cached: int,
+    compile: str,
     database_url: str | None,
     broker_url: str | None,
 ) -> None:
@@ -67,6 +77,7 @@ def worker(
             metrics_port=metrics_port or None,
             metrics_host=metrics_host,
             models_cached=models_cached,
+            compile=compile,
             loglevel="DEBUG" if verbose >= 2 else "INFO",
         )
 

@@ -93,7 +93,8 @@ class RaggedLM:
         """
         width = input_ids.shape[1]
         cache.plan_prefill(rows, width)
-        columns = torch.arange(width, device=input_ids.device).expand_as(input_ids)  # [n, T]
+        # contiguous, as a step's columns are: a compiled forward then needs no graph for other strides
+        columns = torch.arange(width, device=input_ids.device).expand_as(input_ids).contiguous()  # [n, T]
         return self._run(cache, input_ids, columns, vocab_size, keep)
 
     def step(

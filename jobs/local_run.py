@@ -56,6 +56,7 @@ def run_file(
     chat_template: str | None = None,
     served_model_name: str | None = None,
     output_format: OutputFormat = "jsonl",
+    compile: str = "off",
     on_start: Callable[[int], None] = lambda total: None,
     on_progress: Progress = lambda done, stats: None,
     limits: InputLimits | None = None,
@@ -78,7 +79,7 @@ def run_file(
         total = validate_file(source.path, limits, name=source.name, refuse=refuse)
         output = cleanup.enter_context(open_output(output_path))
         on_start(total)
-        pair = load_pair(target, draft, resolve_device(device), dtype)
+        pair = load_pair(target, draft, resolve_device(device), dtype, compile)
         from specq.decoding.engine import SpeculativeEngine
 
         engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)

@@ -63,6 +63,7 @@ class JobSpec:
     metadata: dict[str, str] | None = None  # `--metadata` pairs, shown by status (OpenAI Batch's metadata)
     completion_window: str | None = None  # as given, e.g. "24h"; requests not started by then expire
     completion_window_s: float | None = None  # the same, in seconds
+    compile: str = "auto"  # --compile: workers compile the models as it says (auto: their own choice)
     # a request whose worker died this many times while running it fails instead of running again
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
@@ -79,6 +80,7 @@ class JobSpec:
             "chunk_size": chunk_size,
             "max_attempts": self.max_attempts,
             "chat_template": self.chat_template,
+            "compile": self.compile,
         }
 
 

@@ -148,11 +148,14 @@ def check_same_vocab(
     )
 
 
-def load_pair(target: str, draft: str | None = None, device: str = "cpu", dtype: str | None = None) -> ModelPair:
+def load_pair(
+    target: str, draft: str | None = None, device: str = "cpu", dtype: str | None = None, compile: str = "off"
+) -> ModelPair:
     """Load the target, the draft and the target's tokenizer; fail early if they do not fit together.
 
     Configs (the family's support) and tokenizers are checked before any weights are read, so an
-    unsupported or mismatched pair costs seconds, not minutes.
+    unsupported or mismatched pair costs seconds, not minutes. `compile` (auto, on, off): the models'
+    forwards compiled as decoding.compiled says (ModelCompileError with `on` where one cannot be).
     """
     tokenizer = load_tokenizer(target)
     if draft is not None:
@@ -168,6 +171,12 @@ def load_pair(target: str, draft: str | None = None, device: str = "cpu", dtype:
                 f"the model {name!r} has {model.config.vocab_size} output logits, fewer than the "
                 f"{len(tokenizer)} tokens of its tokenizer"
             )
+    if compile != "off":
+        from specq.decoding.compiled import compile_model
+
+        target_model, _ = compile_model(target_model, target, compile)  # type: ignore[arg-type]
+        if draft_model is not None and draft is not None:
+            draft_model, _ = compile_model(draft_model, draft, compile)  # type: ignore[arg-type]
     return ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
 
 

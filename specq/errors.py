@@ -25,6 +25,10 @@ class ModelLoadError(SpecqError):
     """A model or tokenizer cannot be loaded, or the target and draft do not fit together."""
 
 
+class ModelCompileError(ModelLoadError):
+    """`--compile on`, and a model cannot be compiled (or its compiled forward differs from eager)."""
+
+
 class ServiceUnavailableError(SpecqError):
     """Redis or the database cannot be reached."""
 

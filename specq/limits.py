@@ -51,6 +51,7 @@ TOP_P = Limit(0, 1, low_open=True, description="the nucleus' probability mass")
 TOP_K = Limit(0, 2**31 - 1, description="0: no top-k cut; at most the largest 32-bit vocabulary")
 SEED = Limit(0, 2**63 - 1, description="a signed 64-bit integer")
 MAX_STOP_STRINGS = 4  # as in the OpenAI API
+COMPILE_MODES = ("auto", "on", "off")  # --compile: decoding.compiled
 CHOICES = Limit(1, 128, description="`n`: completions of one line (OpenAI's most)")
 LOGPROBS = Limit(0, 20, description="top log-probabilities a token, besides its own (OpenAI chat's most)")
 COMPLETIONS_LOGPROBS = Limit(0, 5, description="/v1/completions' `logprobs` (OpenAI's most)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from typing import Any
 
 import pytest
 from openai.types import Completion
@@ -16,13 +17,13 @@ from specq.jobs.inputs import iter_request_specs, validate_file
 from specq.jobs.params import choice_overrides
 from tests.services import invoke, job_status, services_env, submit_job, write_requests
 
-SEEDED = {
+SEEDED: dict[str, Any] = {
     "custom_id": "seeded",
     "method": "POST",
     "url": "/v1/completions",
     "body": {"model": "m", "prompt": "def", "max_tokens": 12, "temperature": 1.5, "seed": 11, "n": 3},
 }
-CHAT = {
+CHAT: dict[str, Any] = {
     "custom_id": "chat",
     "method": "POST",
     "url": "/v1/chat/completions",

@@ -376,7 +376,9 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
     for result in triage.exhausted:
         writer.add(result)
     try:
-        pair = ctx.models.get(job.target, job.draft, job.settings.get("dtype"), ctx.config.device)
+        pair = ctx.models.get(
+            job.target, job.draft, job.settings.get("dtype"), ctx.config.device, job.settings.get("compile", "auto")
+        )
     except Exception as exc:  # ModelLoadError, or out of memory while loading
         if ctx.config.broker is not None and is_worker_side_load_failure(exc):
             # this worker's fault (disk, permissions, memory), not the job's: another worker may load

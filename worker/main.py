@@ -43,6 +43,7 @@ def run_worker(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     models_cached: int = 1,
+    compile: str = "auto",
     loglevel: str = "INFO",
 ) -> None:
     """Serve chunk tasks until SIGTERM (warm shutdown: the batch in hand finishes, the rest goes back).
@@ -70,7 +71,7 @@ def run_worker(
         db=db,
         name=worker_name(resolved),
         device=resolved,
-        models=ModelCache(models_cached),
+        models=ModelCache(models_cached, compile),
         queue=queue,
         metrics=metrics,
         registered=True,

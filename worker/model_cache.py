@@ -1,4 +1,4 @@
-"""Models stay loaded between chunks: a small LRU keyed by (target, draft, dtype, device)."""
+"""Models stay loaded between chunks: a small LRU keyed by (target, draft, dtype, device, compile)."""
 
 from __future__ import annotations
 
@@ -13,24 +13,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CacheKey = tuple[str, str | None, str | None, str]  # (target, draft, dtype, device)
+CacheKey = tuple[str, str | None, str | None, str, str]  # (target, draft, dtype, device, compile)
 
 
 class ModelCache:
     """At most `capacity` model pairs; the least recently used one is dropped to load a new one."""
 
-    def __init__(self, capacity: int = 1) -> None:
+    def __init__(self, capacity: int = 1, compile: str = "auto") -> None:
         # 1 by default: a GPU rarely holds two target models, and jobs of one model come in runs
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
+        self.compile = compile  # `specq worker --compile`: for jobs whose own setting is auto
         self._pairs: OrderedDict[CacheKey, ModelPair] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, target: str, draft: str | None, dtype: str | None, device: str) -> ModelPair:
+    def get(self, target: str, draft: str | None, dtype: str | None, device: str, compile: str = "auto") -> ModelPair:
+        """The pair, loaded if it is not; `compile` is the job's setting (auto: this worker's own)."""
         from specq.models.loading import load_pair
 
-        key = (target, draft, dtype, device)
+        compile = self.compile if compile == "auto" else compile
+        key = (target, draft, dtype, device, compile)
         with self._lock:
             pair = self._pairs.get(key)
             if pair is not None:
@@ -40,7 +43,7 @@ class ModelCache:
                 old_key, _ = self._pairs.popitem(last=False)
                 log.info("unloading %s / %s from %s", old_key[0], old_key[1], old_key[3])
                 _free_memory(device)
-            pair = load_pair(target, draft, device=device, dtype=dtype)
+            pair = load_pair(target, draft, device=device, dtype=dtype, compile=compile)
             self._pairs[key] = pair
             return pair
 

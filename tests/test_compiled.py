@@ -1,0 +1,87 @@
+"""Compiled forwards (`--compile`): the compiled path decodes exactly what eager decodes and what
+transformers' generate gives; a model that cannot be compiled runs eagerly with one warning, or, with
+`on`, is refused with exit 2.
+
+The compiler's capture (dynamo, with dynamic shapes, through specq's ragged cache) is what differs from
+eager; the tests compile with the `aot_eager` backend, which captures the same graphs but runs them
+with eager kernels, so a 2-core CI pays seconds, not minutes of C++ code generation. The inductor
+backend (the default) was checked by hand and by `specq bench --compile on` (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding.compiled import compile_model, wants_compile
+from specq.errors import ModelCompileError
+from tests.services import invoke, write_requests
+from tests.tiny_models import IdTokenizer, noisy_copy, reference_greedy, tiny_llama
+
+PROMPTS = [[5, 9, 3, 12, 7], [4, 8], [17, 3, 3, 25, 6, 9, 9, 30, 31]]
+
+
+def decode(target, draft, params: SamplingParams, batch_size: int = 3) -> dict[int, list[int]]:
+    requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(PROMPTS)]
+    config = DecodingConfig(num_speculative_tokens=3, batch_size=batch_size, strict=True)
+    return {r.key: r.token_ids for r in SpeculativeEngine(target, IdTokenizer(), draft, config).generate(requests)}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(vocab=64, layers=1, hidden=32, seed=3)  # capture time grows with the layers
+    return target, noisy_copy(target, scale=0.05)
+
+
+@pytest.fixture(scope="module")
+def compiled_pair(pair):
+    target, draft = pair
+    compiled_target, outcome = compile_model(target, "target", "on", backend="aot_eager")
+    compiled_draft, _ = compile_model(draft, "draft", "on", backend="aot_eager")
+    assert outcome.compiled and compiled_target is not target
+    return compiled_target, compiled_draft
+
+
+def test_compiled_greedy_is_eager_greedy_and_generate(pair, compiled_pair) -> None:
+    greedy = SamplingParams(max_tokens=16, temperature=0.0)
+    expected = {i: reference_greedy(pair[0], p, 16) for i, p in enumerate(PROMPTS)}
+    target, draft = compiled_pair
+    assert decode(target, None, greedy) == expected
+    assert decode(target, draft, greedy) == expected
+
+
+def test_compiled_sampling_draws_what_eager_draws(pair, compiled_pair) -> None:
+    """Seeded sampling through the compiled forwards takes the same tokens as eager: the same
+    distribution, sample for sample (the statistical tests of eager then cover it)."""
+    for seed in range(2):
+        params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=seed)
+        assert decode(compiled_pair[0], compiled_pair[1], params) == decode(pair[0], pair[1], params)
+
+
+def test_auto_compiles_on_cuda_only() -> None:
+    assert not wants_compile("auto", torch.device("cpu"))
+    assert wants_compile("auto", torch.device("cuda", 0))
+    assert wants_compile("on", torch.device("cpu")) and not wants_compile("off", torch.device("cuda", 0))
+    model = tiny_llama(vocab=64)
+    assert compile_model(model, "m", "auto")[0] is model  # CPU: eager, nothing compiled
+
+
+def _failing_backend(graph, example_inputs):
+    raise RuntimeError("this backend refuses every graph")
+
+
+def test_a_model_that_cannot_compile_is_refused_with_on(pair) -> None:
+    with pytest.raises(ModelCompileError, match=r"^the model 'tiny' cannot be compiled: BackendCompilerFailed"):
+        compile_model(pair[0], "tiny", "on", backend=_failing_backend)
+
+
+def test_run_with_compile_on_and_a_model_that_cannot_compile_exits_2(tiny_pair, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECQ_COMPILE_BACKEND", "no-such-backend")
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def", "max_tokens": 3}])
+    out = tmp_path / "out.jsonl"
+    result = invoke(["run", path, "-o", str(out), "--target", tiny_pair[0], "--compile", "on"])
+    assert result.exit_code == 2, result.output
+    assert f"the model {tiny_pair[0]!r} cannot be compiled: " in result.stderr and "Traceback" not in result.output
+    assert not out.exists()
+    result = invoke(["run", path, "-o", str(out), "--target", tiny_pair[0], "--compile", "auto"])
+    assert result.exit_code == 0, result.output  # auto on CPU: eager, whatever the backend
