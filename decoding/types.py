@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
+from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_LOGPROBS, TOP_P
 
 FinishReason = Literal["stop", "length"]
 
@@ -20,6 +20,8 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None  # None: the engine draws one, and reports it
     stop: tuple[str, ...] = ()
+    # None: no log-probabilities; N: each output token's, and the N likeliest alternatives' (TokenLogprob)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         MAX_TOKENS.check("max_tokens", self.max_tokens)
@@ -32,6 +34,8 @@ class SamplingParams:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.logprobs is not None:
+            TOP_LOGPROBS.check("logprobs", self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,15 @@ class GenerationRequest:
     key: int
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
+
+
+# One output token's log-probability under the TARGET model's raw distribution (log_softmax of its
+# logits, before temperature, top-k and top-p), as stored in results.logprobs:
+#   {"token_id": int, "token": str, "logprob": float,
+#    "top": [[token_id, logprob], ...],  # the N likeliest, likeliest first
+#    "top_tokens": [str, ...]}           # their texts, one per entry of "top"
+# "token" and "top_tokens" are each id decoded alone by the tokenizer.
+TokenLogprob = dict
 
 
 @dataclass
@@ -59,6 +72,7 @@ class GenerationResult:
     latency_s: float = 0.0
     first_token_s: float | None = None  # from admission to the first output token (None: no token)
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked
 
     @classmethod
     def failed(cls, key: int, error: str, prompt_tokens: int = 0) -> GenerationResult:
