@@ -37,6 +37,7 @@ class StoredResult(NamedTuple):
     draft_tokens: int
     accepted_tokens: int
     error: str | None
+    logprobs: list[dict[str, Any]] | None = None  # as stored in results.logprobs
 
 
 def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
@@ -59,6 +60,7 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Result.accepted_tokens,
             Result.error,
             Result.status,
+            Result.logprobs,
         )
         .outerjoin(Result, Result.request_id == Request.id)
         .where(Request.job_id == job_id, Request.seq > after_seq)
@@ -100,6 +102,7 @@ def _rows(
                 draft_tokens=row.draft_tokens,
                 accepted_tokens=row.accepted_tokens,
                 error=row.error,
+                logprobs=row.logprobs,
             )
             yield request, result, row.status
         if len(page) < PAGE:

@@ -69,6 +69,7 @@ from specq.jobs.openai_fields import (
     MESSAGE_NEUTRAL_FIELDS,
 )
 from specq.limits import (
+    COMPLETION_LOGPROBS,
     INPUT_BYTES,
     LINE_BYTES,
     MAX_STOP_STRINGS,
@@ -77,13 +78,14 @@ from specq.limits import (
     TEMPERATURE,
     TOKEN_ID,
     TOP_K,
+    TOP_LOGPROBS,
     TOP_P,
     Limit,
 )
 
 RequestKind = Literal["completion", "chat"]
 
-OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
 # role -> the role the chat template sees: OpenAI's `developer` is the system prompt of newer models
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TOOL_ROLES = frozenset({"tool", "function"})
@@ -232,7 +234,7 @@ def _check_stop(name: str, value: Any) -> tuple[str, ...]:
     return tuple(_check_text(f"{name}[{i}]", item) for i, item in enumerate(items))
 
 
-_INT_LIMITS = {"max_tokens": MAX_TOKENS, "top_k": TOP_K, "seed": SEED}
+_INT_LIMITS = {"max_tokens": MAX_TOKENS, "top_k": TOP_K, "seed": SEED, "logprobs": TOP_LOGPROBS}
 _NUMBER_LIMITS = {"temperature": TEMPERATURE, "top_p": TOP_P}
 
 
@@ -242,7 +244,7 @@ def _check_override(key: str, name: str, value: Any) -> Any:
         return _check_int(name, value, _INT_LIMITS[key])
     if key in _NUMBER_LIMITS:
         return _check_number(name, value, _NUMBER_LIMITS[key])
-    return _check_stop(name, value)  # "stop", the last of OVERRIDE_KEYS
+    return _check_stop(name, value)  # "stop", the one override neither an integer nor a number
 
 
 def _check_content(name: str, value: Any) -> str:
@@ -380,6 +382,23 @@ def _check_body_fields(body: dict, url: str) -> None:
             )
 
 
+def _read_logprobs(body: dict, url: str) -> int | None:
+    """The alternatives wanted per token (None: no log-probabilities), as the endpoint spells it:
+    completions `logprobs: N` (0..5; null: none); chat `logprobs: true` with `top_logprobs: N` (0..20,
+    default 0), and `top_logprobs` only with `logprobs: true` (as OpenAI requires)."""
+    value = body.get("logprobs")
+    if url == COMPLETIONS_URL:
+        return None if value is None else _check_int("body.logprobs", value, COMPLETION_LOGPROBS)
+    if value is not None and not isinstance(value, bool):
+        raise LineError(f'"body.logprobs" must be a boolean, got {_type_name(value)}')
+    top = body.get("top_logprobs")
+    if value is not True:
+        if top is not None and not (type(top) is int and top == 0):  # 0 alone asks for nothing
+            raise LineError('"body.top_logprobs" needs "body.logprobs": true')
+        return None
+    return 0 if top is None else _check_int("body.top_logprobs", top, TOP_LOGPROBS)
+
+
 def _parse_openai(obj: dict, line: int) -> RequestSpec:
     if obj.keys() != _OPENAI_KEYS:
         if not obj.keys() <= _OPENAI_KEYS:
@@ -401,7 +420,10 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
         raise LineError(f'missing "body.{expected}" (required by {url})')
     _check_body_fields(body, url)
     prompt = _read_prompt(body, "body.")
-    overrides = _read_overrides(body, "body.")
+    overrides = _read_overrides({k: v for k, v in body.items() if k != "logprobs"}, "body.")
+    logprobs = _read_logprobs(body, url)
+    if logprobs is not None:
+        overrides["logprobs"] = logprobs
     if body.get("max_completion_tokens") is not None:
         if "max_tokens" in overrides:
             raise LineError('has both "body.max_tokens" and "body.max_completion_tokens"; give one')

@@ -15,8 +15,9 @@ compares it with the `openai` package's request types), with one of these uses:
 A field the line's endpoint does not define is refused (OpenAI refuses it too), so a typo is reported
 instead of being silently ignored. `top_k` is vLLM's extension of both endpoints, honoured as vLLM does.
 
-Switching a field on (say ``logprobs``, once the engine returns log-probabilities) is one change: its
-entry's use becomes ``setting`` and jobs.inputs reads it.
+Switching a field on is one change: its entry's use becomes ``setting`` and jobs.inputs reads it.
+``logprobs`` and ``top_logprobs`` are settings: jobs.inputs turns them into one override, ``logprobs``
+(the alternatives wanted per token; absent: none).
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ def _null_or_zero(value: Any, body: dict) -> bool:
 
 def _null_or_one(value: Any, body: dict) -> bool:
     return value is None or (type(value) is int and value == 1)
-
-
-def _null_or_int_zero(value: Any, body: dict) -> bool:
-    return value is None or (type(value) is int and value == 0)
 
 
 def _no_bias(value: Any, body: dict) -> bool:
@@ -110,6 +107,9 @@ BODY_FIELDS: dict[str, BodyField] = {
     "top_k": _setting(),  # vLLM's extension
     "seed": _setting(),
     "stop": _setting(),
+    # completions: an integer 0..5, the alternatives per token; chat: true, with top_logprobs 0..20
+    "logprobs": _setting(),
+    "top_logprobs": _setting(CHAT_ONLY),
     "model": _ignored(),  # the job's target runs every line
     "user": _ignored(),
     "metadata": _ignored(CHAT_ONLY),
@@ -122,8 +122,6 @@ BODY_FIELDS: dict[str, BodyField] = {
     "parallel_tool_calls": _ignored(CHAT_ONLY),  # means nothing without tools, which are refused
     # Not supported yet: each is one entry, switched on by making it a setting.
     "n": _neutral(BOTH, _null_or_one, "1"),
-    "logprobs": _neutral(BOTH, _null_or_false, "null or false"),
-    "top_logprobs": _neutral(CHAT_ONLY, _null_or_int_zero, "null or 0"),
     # Cannot be honoured by a batch of local text models.
     "stream": _neutral(BOTH, _null_or_false, "false"),
     "stream_options": _neutral(BOTH, _null, "null (it needs stream)"),

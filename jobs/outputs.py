@@ -55,6 +55,8 @@ class ResultLike(Protocol):
     def accepted_tokens(self) -> int: ...
     @property
     def error(self) -> str | None: ...
+    @property
+    def logprobs(self) -> Sequence[Mapping[str, Any]] | None: ...  # decoding.types.TokenLogprob each
 
 
 def _field(request: RequestLike, name: str) -> Any:
@@ -80,6 +82,8 @@ def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool
     }
     if with_tokens:
         record["tokens"] = None if failed else list(result.token_ids)
+    if result.logprobs is not None and not failed:
+        record["logprobs"] = list(result.logprobs)
     record["error"] = result.error
     return record
 
@@ -118,7 +122,7 @@ def openai_record(request: RequestLike, result: ResultLike | None, *, model: str
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": result.text},
-                    "logprobs": None,
+                    "logprobs": openai_logprobs("chat", result.logprobs),
                     "finish_reason": result.finish_reason,
                 }
             ],
@@ -130,11 +134,62 @@ def openai_record(request: RequestLike, result: ResultLike | None, *, model: str
             "object": "text_completion",
             "created": created,
             "model": model,
-            "choices": [{"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}],
+            "choices": [
+                {
+                    "text": result.text,
+                    "index": 0,
+                    "logprobs": openai_logprobs("completion", result.logprobs),
+                    "finish_reason": result.finish_reason,
+                }
+            ],
             "usage": usage,
         }
     line.update(response={"status_code": 200, "request_id": _hex_id(), "body": body}, error=None)
     return line
+
+
+def openai_logprobs(kind: str, entries: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
+    """A choice's `logprobs` in OpenAI's shape for `kind` ("chat" or "completion"), from the stored
+    per-token entries (decoding.types.TokenLogprob); None where the request did not ask.
+
+    Token strings are each id decoded alone, `bytes` their UTF-8 bytes (a token that is part of a
+    character decodes to U+FFFD, whose bytes are given); `text_offset` counts characters of the
+    completion, from its start, along those token strings."""
+    if entries is None:
+        return None
+    if kind == "chat":
+
+        def alternative(token: str, logprob: float) -> dict[str, Any]:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+        content = [
+            {
+                **alternative(e["token"], e["logprob"]),
+                "top_logprobs": [
+                    alternative(text, logprob) for text, (_, logprob) in zip(e["top_tokens"], e["top"], strict=True)
+                ],
+            }
+            for e in entries
+        ]
+        return {"content": content, "refusal": None}
+    offsets, offset = [], 0
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        # a dict per token, as OpenAI's; two alternatives with the same text keep the likelier one
+        "top_logprobs": [_top_by_text(e) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _top_by_text(entry: Mapping[str, Any]) -> dict[str, float]:
+    top: dict[str, float] = {}
+    for text, (_, logprob) in zip(entry["top_tokens"], entry["top"], strict=True):
+        top.setdefault(text, logprob)  # likeliest first: a repeated text keeps its likelier logprob
+    return top
 
 
 def prompt_text(request: RequestLike) -> str:

@@ -17,7 +17,7 @@ from specq.limits import MIN_SAMPLING_TEMPERATURE
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
 
 
 def sampling_params(defaults: dict[str, Any], overrides: dict[str, Any]) -> SamplingParams:
