@@ -114,3 +114,17 @@ def test_submit_worker_export_openai_logprobs(pg_url, tiny_pair, tmp_path, start
     none = Completion.model_validate(lines["none"]["response"]["body"])
     assert none.choices[0].logprobs is None
     client.flushdb()
+
+
+def test_embedded_sqlite_stores_logprobs(tiny_pair, tmp_path) -> None:
+    """No services: the job runs inside `submit` (SQLite) and stores the same log-probabilities."""
+    env = {"SPECQ_HOME": str(tmp_path / "home")}
+    path = write_requests(tmp_path / "in.jsonl", LINES[:2])
+    result = invoke(["submit", path, "--target", tiny_pair[0], "--wait"], env)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out.jsonl"
+    assert invoke(["export", result.stdout.strip(), "-o", str(out)], env).exit_code == 0
+    records = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    assert [e["token_id"] for e in records["plain"]["logprobs"]] == records["plain"]["tokens"]
+    assert all(len(e["top"]) == 2 for e in records["plain"]["logprobs"])
+    assert "logprobs" not in records["none"]
