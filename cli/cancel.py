@@ -1,4 +1,4 @@
-"""`specq cancel JOB` and `specq retry JOB`."""
+"""`specq cancel JOB`, `specq retry JOB` and `specq delete JOB`."""
 
 from __future__ import annotations
 
@@ -77,3 +77,19 @@ def _requeued(by_state: dict[str, int]) -> str:
     words = {"running": "abandoned"}
     parts = ", ".join(f"{n} {words.get(state, state)}" for state, n in sorted(by_state.items()))
     return f"{sum(by_state.values())} requests requeued" + (f" ({parts})" if parts else "")
+
+
+@cli.command("delete")
+@job_argument()
+@database_option
+def delete(job: str, database_url: str | None) -> None:
+    """Delete a job with its requests, results and metrics, in one transaction.
+
+    Refused (exit 2) while the job is queued or running: cancel it first. The job's chunks still on the
+    broker are dropped by the workers that take them."""
+    with specq_errors():
+        from specq.db.session import open_database
+        from specq.jobs.control import delete_job
+
+        requests = delete_job(open_database(database_url), job)
+    click.echo(f"job {job} deleted with its {requests} requests", err=True)

@@ -19,14 +19,17 @@ import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from specq.durations import parse_duration
 from specq.errors import (
     BadInputError,
     ConfigError,
+    JobActiveError,
     JobNotFoundError,
     ModelLoadError,
     OutputPathError,
@@ -54,6 +57,20 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 Command = Callable[..., None]
+
+
+class Duration(click.ParamType):
+    """A span of time as people write it (specq.durations): `90s`, `30m`, `24h`, `7d`, `2w`."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def int_range(limit: Limit) -> click.IntRange:
@@ -84,6 +101,7 @@ GENERATION_PARAMS = (
     "device",
     "dtype",
     "chat_template",
+    "served_model_name",
 )
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
@@ -158,6 +176,11 @@ _OPTIONS = [
         help="A Jinja chat template file for chat lines, used instead of the tokenizer's own (needed when it has "
         "none); submit stores it with the job. [default: the target tokenizer's]",
     ),
+    click.option(
+        "--served-model-name",
+        help="The `model` that OpenAI-format output reports. [default: each line's body.model, else the target's "
+        "name: a hub id as given, a local folder by its last component]",
+    ),
 ]
 
 
@@ -188,6 +211,7 @@ class GenerationOptions:
     device: str | None  # None: cuda:0 if available, else cpu
     dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
     chat_template: str | None  # the text of --chat-template; None: the tokenizer's own
+    served_model_name: str | None  # the `model` of OpenAI-format output; None: the line's, else the target's
 
 
 def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
@@ -221,6 +245,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         device=values["device"] or None,
         dtype=values["dtype"].lower() if values["dtype"] else None,
         chat_template=chat_template,
+        served_model_name=values["served_model_name"] or None,
     )
 
 
@@ -341,7 +366,7 @@ def specq_errors() -> Iterator[None]:
         yield
     except BadInputError as exc:
         raise BadInput(exc.problems) from None
-    except (OutputPathError, ConfigError) as exc:
+    except (OutputPathError, ConfigError, JobActiveError) as exc:
         raise UsageLine(mask_text(str(exc))) from None
     except (ModelLoadError, JobNotFoundError) as exc:
         raise click.UsageError(mask_text(str(exc))) from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +25,26 @@ if TYPE_CHECKING:
     help="Where to write one JSON line per input line, in input order. "
     "[default: INPUT.out.jsonl, stdout for INPUT -; - for stdout]",
 )
-@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr. [default: when it is a terminal]")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(("jsonl", "openai")),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: one result object a line (as `export --format jsonl`); openai: OpenAI Batch API output lines.",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    help="Progress on stderr: a live bar on a terminal, else a plain line every few seconds. [default: on]",
+)
 @generation_options
 @input_limit_options
 def run(
     input_path: str,
     output_path: str | None,
-    progress: bool | None,
+    output_format: str,
+    progress: bool,
     generation: GenerationOptions,
     input_limits: InputLimits,
 ) -> None:
@@ -43,12 +55,12 @@ def run(
     from specq.jobs.local_run import default_output_path, run_file
 
     path = output_path or default_output_path(input_path)
-    show = sys.stderr.isatty() if progress is None else progress
-    with specq_errors(), _RunProgress(show) as bar:
+    with specq_errors(), _RunProgress(progress) as bar:
         summary = run_file(
             input_path,
             path,
-            **vars(generation),  # target, draft, decoding, sampling, device, dtype, chat_template
+            **vars(generation),  # target, draft, decoding, sampling, device, dtype, chat_template, served_model_name
+            output_format=output_format,  # type: ignore[arg-type]
             on_start=bar.start,
             on_progress=bar.progress_of,
             limits=input_limits,

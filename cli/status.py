@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import database_option, job_argument, patient_reads, specq_errors
+from specq.cli.options import Duration, database_option, job_argument, patient_reads, specq_errors
+from specq.db.states import JobState
+
+JOB_STATES = tuple(str(state) for state in JobState)
 
 
 def _fmt(value: Any) -> str:
@@ -25,10 +29,23 @@ def _fmt(value: Any) -> str:
 @click.option(
     "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Recent jobs listed without JOB."
 )
+@click.option("--state", type=click.Choice(JOB_STATES), help="Without JOB: only the jobs in this state.")
+@click.option(
+    "--since", type=Duration(), help="Without JOB: only the jobs created in this last span, e.g. 30m, 1h, 7d."
+)
 @database_option
-def status(job: str | None, as_json: bool, limit: int, database_url: str | None) -> None:
+def status(
+    job: str | None,
+    as_json: bool,
+    limit: int,
+    state: str | None,
+    since: timedelta | None,
+    database_url: str | None,
+) -> None:
     """Show a job's state, counts and metrics (tokens/s, acceptance rate, mean acceptance length,
-    acceptance per position); without JOB, the recent jobs."""
+    acceptance per position, token usage); without JOB, the recent jobs."""
+    if job and (state or since):
+        raise click.UsageError("--state and --since filter the job list: give them without JOB")
     with specq_errors():
         from specq.db.session import open_database
         from specq.jobs.status import job_status, recent_jobs
@@ -36,7 +53,7 @@ def status(job: str | None, as_json: bool, limit: int, database_url: str | None)
         patient = patient_reads()
         db = patient(lambda: open_database(database_url))
         found: dict[str, Any] | list[dict[str, Any]] = patient(
-            lambda: job_status(db, job) if job else recent_jobs(db, limit)
+            lambda: job_status(db, job) if job else recent_jobs(db, limit, state=state, since=since)
         )
     if as_json:
         click.echo(json.dumps(found, indent=None if isinstance(found, list) else 2))
@@ -44,6 +61,8 @@ def status(job: str | None, as_json: bool, limit: int, database_url: str | None)
     if isinstance(found, dict):
         width = max(len(k) for k in found)
         for key, value in found.items():
+            if isinstance(value, dict) and all(not isinstance(v, dict) for v in value.values()):
+                value = ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) or "-"
             click.echo(f"{key:<{width}}  {_fmt(value)}")
         return
     if not found:

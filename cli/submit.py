@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from specq.cli.group import cli
 from specq.cli.options import (
+    Duration,
     GenerationOptions,
     broker_option,
     database_option,
@@ -18,11 +21,35 @@ from specq.cli.options import (
     specq_errors,
 )
 from specq.cli.progress import ProgressBar
+from specq.db.states import JOB_TERMINAL
 
 if TYPE_CHECKING:
     from specq.jobs.inputs import InputLimits
     from specq.jobs.patience import Patient
     from specq.jobs.submit import Submitted
+
+
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
+
+
+def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
+    """--metadata KEY=VALUE pairs as a dict; a usage error names the first bad one."""
+    if len(pairs) > METADATA_PAIRS:
+        raise click.BadParameter(f"{len(pairs)} pairs given, {METADATA_PAIRS} at most", param_hint="'--metadata'")
+    found: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="'--metadata'")
+        if len(key) > METADATA_KEY_CHARS or len(value) > METADATA_VALUE_CHARS:
+            raise click.BadParameter(
+                f"{key!r}: keys are {METADATA_KEY_CHARS} characters at most, values {METADATA_VALUE_CHARS}",
+                param_hint="'--metadata'",
+            )
+        if key in found:
+            raise click.BadParameter(f"{key!r} is given twice", param_hint="'--metadata'")
+        found[key] = value
+    return found
 
 
 def _summary(status: dict[str, Any]) -> None:
@@ -39,7 +66,31 @@ def _summary(status: dict[str, Any]) -> None:
 @click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @generation_options
 @click.option(
-    "--wait", is_flag=True, help="Show a progress bar on stderr and return when the job ends (exit 1 if it failed)."
+    "--wait",
+    is_flag=True,
+    help="Show progress on stderr and return when the job ends: exit 0 when every request completed, 1 when any "
+    "failed (or the job was cancelled or expired).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="With --wait and a broker: stop waiting after this many seconds (exit 1); the job keeps running.",
+)
+@click.option(
+    "--metadata",
+    "metadata_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda ctx, param, value: _metadata(value),
+    help=f"A label stored with the job and shown by `specq status` (repeatable, {METADATA_PAIRS} at most; keys up to "
+    f"{METADATA_KEY_CHARS} characters, values up to {METADATA_VALUE_CHARS}, as OpenAI Batch's metadata).",
+)
+@click.option(
+    "--completion-window",
+    type=str,
+    callback=lambda ctx, param, value: None if value is None else (value, Duration().convert(value, param, ctx)),
+    help="Requests not started within this span of the submit (e.g. 24h, 30m, 7d) expire, and so does the job "
+    "(OpenAI Batch's completion_window). [default: none]",
 )
 @click.option(
     "--max-attempts",
@@ -54,6 +105,9 @@ def _summary(status: dict[str, Any]) -> None:
 def submit(
     input_path: str,
     wait: bool,
+    timeout: float | None,
+    metadata_pairs: dict[str, str],
+    completion_window: tuple[str, timedelta] | None,
     max_attempts: int,
     database_url: str | None,
     broker_url: str | None,
@@ -65,11 +119,17 @@ def submit(
     With no broker (no --broker-url, no SPECQ_BROKER_URL) the job runs here, in this process, through
     the workers' own code, and is stored in the database all the same.
     """
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout needs --wait")
     with specq_errors():
         from specq.jobs.services import broker_url as resolve_broker
         from specq.jobs.submit import JobSpec, submit_job
 
         broker = resolve_broker(broker_url)
+        if timeout is not None and broker is None:
+            raise click.UsageError(
+                "--timeout needs a broker: with none the job runs in this process, which cannot leave it running"
+            )
         spec = JobSpec(
             target=generation.target,
             draft=generation.draft,
@@ -79,6 +139,10 @@ def submit(
             dtype=generation.dtype,
             max_attempts=max_attempts,
             chat_template=generation.chat_template,
+            served_model_name=generation.served_model_name,
+            metadata=metadata_pairs,
+            completion_window=None if completion_window is None else completion_window[0],
+            completion_window_s=None if completion_window is None else completion_window[1].total_seconds(),
         )
         submitted = submit_job(input_path, spec, database_url=database_url, broker=broker, limits=input_limits)
     click.echo(submitted.job_id)
@@ -106,25 +170,39 @@ def submit(
 
     try:
         with specq_errors(), progress:
-            status = _until_done(submitted, generation.device, show, patient)
+            status = _until_done(submitted, generation.device, show, patient, timeout)
     except KeyboardInterrupt:
         if submitted.embedded:  # the job was cancelled: its in-process work dies with this process
             click.echo(f"interrupted: job {submitted.job_id} cancelled; `specq retry` resumes it", err=True)
         raise SystemExit(130) from None
     _summary(status)
-    if wait and status["state"] != "completed":
-        raise click.ClickException(f"job {submitted.job_id} {status['state']}")
+    if status["state"] not in JOB_TERMINAL:
+        raise click.ClickException(
+            f"gave up waiting after {timeout:g}s: job {submitted.job_id} is {status['state']} and keeps running "
+            f"(`specq status {submitted.job_id}`)"
+        )
+    if wait and (status["state"] != "completed" or status["failed"]):
+        raise click.ClickException(
+            f"job {submitted.job_id} {status['state']}: {status['failed']} of {status['total']} requests failed"
+            + (f", {status['remaining']} did not run" if status["remaining"] else "")
+        )
 
 
 def _until_done(
-    submitted: Submitted, device: str | None, show: Callable[[dict[str, Any]], None], patient: Patient | None
+    submitted: Submitted,
+    device: str | None,
+    show: Callable[[dict[str, Any]], None],
+    patient: Patient | None,
+    timeout: float | None,
 ) -> dict[str, Any]:
     """Run the job here (no broker) or wait for the workers, riding out database outages, until it
-    ends; its last status."""
+    ends or `timeout` seconds pass; its last status."""
     if submitted.embedded:
         from specq.worker.embedded import run_job_here
 
         return run_job_here(submitted.db, submitted.job_id, submitted.chunks, device, show)
     from specq.jobs.wait import wait_for_job
 
-    return wait_for_job(submitted.db, submitted.job_id, show, patient=patient)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    give_up = (lambda: False) if deadline is None else (lambda: time.monotonic() >= deadline)
+    return wait_for_job(submitted.db, submitted.job_id, show, give_up=give_up, patient=patient)

@@ -14,6 +14,9 @@ class JobState(StrEnum):
     COMPLETED = "completed"  # terminal: every request ended and at least one completed
     FAILED = "failed"  # terminal: every request ended and every one failed
     CANCELLED = "cancelled"  # terminal: stopped by `cancel`; requests that had ended keep their results
+    # terminal: its completion window ended first; requests that had ended keep their results, those
+    # running then finish, those not started are expired (OpenAI Batch's `expired`)
+    EXPIRED = "expired"
 
 
 class RequestState(StrEnum):
@@ -22,21 +25,25 @@ class RequestState(StrEnum):
     COMPLETED = "completed"  # terminal: has a completion in results
     FAILED = "failed"  # has an error in results; `retry` may requeue it
     CANCELLED = "cancelled"  # never ran: its job was cancelled first; `retry` may requeue it
+    EXPIRED = "expired"  # never ran: its job's completion window ended first; `retry` may requeue it
 
 
-JOB_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
-REQUEST_ENDED = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED})
+JOB_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED})
+REQUEST_ENDED = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED, RequestState.EXPIRED})
+# a job in one of these has nothing for a worker to claim
+NOT_CLAIMABLE = frozenset({JobState.CANCELLED, JobState.EXPIRED})
 
 # state -> the states it may move to; every state change in the code is guarded by this table
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
-    JobState.RUNNING: frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.EXPIRED}),
+    JobState.RUNNING: frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED}),
     JobState.COMPLETED: frozenset({JobState.QUEUED}),  # `retry` of the requests that failed
     JobState.FAILED: frozenset({JobState.QUEUED}),
     JobState.CANCELLED: frozenset({JobState.QUEUED}),
+    JobState.EXPIRED: frozenset({JobState.QUEUED}),  # `retry`, which lifts the window
 }
 REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
-    RequestState.QUEUED: frozenset({RequestState.RUNNING, RequestState.CANCELLED}),
+    RequestState.QUEUED: frozenset({RequestState.RUNNING, RequestState.CANCELLED, RequestState.EXPIRED}),
     # a running request whose lease expired (its worker died) is claimed again (running -> running) or put
     # back by the sweeper (running -> queued)
     # running -> cancelled: its worker saw the job cancelled and gave it up before it ran
@@ -46,6 +53,7 @@ REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     RequestState.COMPLETED: frozenset(),
     RequestState.FAILED: frozenset({RequestState.QUEUED}),
     RequestState.CANCELLED: frozenset({RequestState.QUEUED}),
+    RequestState.EXPIRED: frozenset({RequestState.QUEUED}),
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specq.limits import MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_LOGPROBS, TOP_P
+from specq.limits import LOGPROBS, MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
 
 FinishReason = Literal["stop", "length"]
 
@@ -20,7 +20,7 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None  # None: the engine draws one, and reports it
     stop: tuple[str, ...] = ()
-    # None: no log-probabilities; N: each output token's, and the N likeliest alternatives' (TokenLogprob)
+    # None: no log-probabilities; N: each output token's own and its N most likely alternatives
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
@@ -30,12 +30,12 @@ class SamplingParams:
         TOP_K.check("top_k", self.top_k)
         if self.seed is not None:
             SEED.check("seed", self.seed)
+        if self.logprobs is not None:
+            LOGPROBS.check("logprobs", self.logprobs)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
-        if self.logprobs is not None:
-            TOP_LOGPROBS.check("logprobs", self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,23 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
 
 
-# One output token's log-probability under the TARGET model's raw distribution (log_softmax of its
-# logits, before temperature, top-k and top-p), as stored in results.logprobs:
-#   {"token_id": int, "token": str, "logprob": float,
-#    "top": [[token_id, logprob], ...],  # the N likeliest, likeliest first
-#    "top_tokens": [str, ...]}           # their texts, one per entry of "top"
-# "token" and "top_tokens" are each id decoded alone by the tokenizer.
-TokenLogprob = dict
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability under the target (its raw log-softmax: before temperature,
+    top-k and top-p, as OpenAI reports them), and its `top` alternatives, most likely first."""
+
+    token_id: int
+    token: str  # the token decoded alone (a partial UTF-8 character decodes to U+FFFD)
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (token id, token, logprob)
+
+    def to_dict(self) -> dict:
+        return {
+            "token_id": self.token_id,
+            "token": self.token,
+            "logprob": self.logprob,
+            "top": [list(entry) for entry in self.top],
+        }
 
 
 @dataclass

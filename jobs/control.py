@@ -1,4 +1,4 @@
-"""`specq cancel` and `specq retry`: state changes guarded by the transition table, each in one
+"""`specq cancel`, `specq retry` and `specq delete`: state changes guarded by the transition table, each in one
 transaction that holds the job's row lock (`db.locks`): they are atomic against each other and against
 workers claiming, storing and settling, which take the same lock first."""
 
@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 from specq.db.locks import lock_job
 from specq.db.models import Job, Request, Result
 from specq.db.session import Database, schema_ready
-from specq.db.states import JobState, RequestState, job_sources, request_sources
+from specq.db.states import JOB_TERMINAL, JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
-from specq.errors import JobNotFoundError
+from specq.errors import JobActiveError, JobNotFoundError
 from specq.queue import Chunk
 
 
@@ -91,6 +91,8 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
             )
             if winding_down:
                 return RetryOutcome(previous, previous, {}, [], job.settings.get("device"), winding_down)
+        if job.state == JobState.EXPIRED:
+            job.expires_at = None  # a retried job has no window: it would expire again at once
         retryable = [s for s in request_sources(RequestState.QUEUED) if s != RequestState.RUNNING]
         found = session.execute(
             select(Request.id, Request.state).where(
@@ -125,3 +127,30 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
         ).all()
         chunks = [(job_id, int(i) * size, min((int(i) + 1) * size, job.total)) for i in sorted(firsts)]
         return RetryOutcome(previous, job.state, dict(requeued), chunks, job.settings.get("device"))
+
+
+def delete_job(db: Database, job_id: str) -> int:
+    """Delete the job with its requests, results and batches, in one transaction; returns how many
+    requests went with it. Refused (JobActiveError) while it is queued or running, and while a
+    cancelled job's workers still finish requests they held (they would write to rows that are gone).
+
+    The database cascades the delete (ON DELETE CASCADE; SQLite's foreign keys are on). Chunks of the
+    job still on the broker find no job and are dropped by the worker that takes them."""
+    with db.session() as session:
+        job = _locked_job(db, session, job_id)
+        if job.state not in JOB_TERMINAL:
+            raise JobActiveError(f"job {job_id} is {job.state}: cancel it first (`specq cancel {job_id}`)")
+        finishing = session.scalar(
+            select(func.count()).where(
+                Request.job_id == job_id,
+                Request.state == RequestState.RUNNING,
+                Request.lease_expires_at >= utcnow(),
+            )
+        )
+        if finishing:
+            raise JobActiveError(
+                f"job {job_id} is {job.state}, but {finishing} requests are still finishing: try again shortly"
+            )
+        requests = job.total
+        session.execute(delete(Job).where(Job.id == job_id).execution_options(synchronize_session=False))
+        return requests

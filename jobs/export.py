@@ -9,6 +9,7 @@ has no completion and says why in `error` (jsonl, openai) or `status` (csv).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 from typing import Any, Literal, NamedTuple
 
@@ -18,7 +19,7 @@ from specq.db.models import Job, Request, Result
 from specq.db.session import Database, schema_ready
 from specq.errors import JobNotFoundError
 from specq.jobs.output_file import open_output
-from specq.jobs.outputs import csv_row, openai_record, result_record, write_csv, write_jsonl
+from specq.jobs.outputs import OpenAIIds, csv_row, openai_record, result_record, served_name, write_csv, write_jsonl
 from specq.jobs.patience import Patient
 
 ExportFormat = Literal["csv", "jsonl", "openai"]
@@ -37,7 +38,7 @@ class StoredResult(NamedTuple):
     draft_tokens: int
     accepted_tokens: int
     error: str | None
-    logprobs: list[dict[str, Any]] | None = None  # as stored in results.logprobs
+    logprobs: list[dict[str, Any]] | None = None  # TokenLogprob.to_dict() of each token, when asked
 
 
 def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
@@ -51,6 +52,9 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Request.messages,
             Request.prompt_token_ids,
             Request.state,
+            Request.model,
+            Request.line,
+            Request.choice_index,
             Result.completion,
             Result.token_ids,
             Result.finish_reason,
@@ -59,8 +63,9 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
             Result.draft_tokens,
             Result.accepted_tokens,
             Result.error,
-            Result.status,
             Result.logprobs,
+            Result.status,
+            Result.created_at,
         )
         .outerjoin(Result, Result.request_id == Request.id)
         .where(Request.job_id == job_id, Request.seq > after_seq)
@@ -71,10 +76,20 @@ def _page(db: Database, job_id: str, after_seq: int) -> list[Any]:
         return list(conn.execute(stmt))
 
 
-def _rows(
-    db: Database, job_id: str, patient: Patient | None
-) -> Iterator[tuple[dict[str, Any], StoredResult | None, str]]:
-    """(request fields, its result or None, request state) for every request, in input order.
+class Row(NamedTuple):
+    """One request of the job as export reads it."""
+
+    seq: int
+    line: int  # the input line: a line with `n` > 1 has a row a choice, consecutive
+    choice: int
+    request: dict[str, Any]
+    result: StoredResult | None  # None: it has not run
+    state: str  # the result's status when it has one, else the request's state
+    created: int | None  # when the result was stored, epoch seconds
+
+
+def _rows(db: Database, job_id: str, patient: Patient | None) -> Iterator[Row]:
+    """Every request of the job with its result, in input order.
 
     Read a page at a time, each page after the last position written: a database restart mid-export
     (`patient` rides it out) resumes where it stopped, so even a FIFO gets each line once."""
@@ -89,9 +104,10 @@ def _rows(
                 "prompt": row.prompt,
                 "messages": row.messages,
                 "prompt_token_ids": row.prompt_token_ids,
+                "model": row.model,
             }
             if row.status is None:
-                yield request, None, row.state
+                yield Row(row.seq, row.line, row.choice_index, request, None, row.state, None)
                 continue
             result = StoredResult(
                 token_ids=row.token_ids or [],
@@ -104,7 +120,7 @@ def _rows(
                 error=row.error,
                 logprobs=row.logprobs,
             )
-            yield request, result, row.status
+            yield Row(row.seq, row.line, row.choice_index, request, result, row.status, int(row.created_at.timestamp()))
         if len(page) < PAGE:
             return
         after = page[-1].seq
@@ -114,12 +130,30 @@ def _not_run(state: str) -> StoredResult:
     return StoredResult([], "", None, 0, 0, 0, 0, f"the request did not run ({state})")
 
 
-def _target(db: Database, job_id: str) -> str:
+def _job(db: Database, job_id: str) -> Job:
     with db.session() as session:
         job = session.get(Job, job_id) if schema_ready(db) else None
         if job is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
-        return job.target
+        session.expunge(job)
+        return job
+
+
+Only = Literal["completed", "errors"] | None
+
+
+def _lines(rows: Iterator[Row]) -> Iterator[list[Row]]:
+    """The rows of each input line: one, or its `n` choices."""
+    for _, choices in itertools.groupby(rows, key=lambda row: row.line):
+        yield list(choices)
+
+
+def _wanted(choices: list[Row], only: Only) -> bool:
+    """--completed-only: OpenAI's output file; --errors-only: its error file (every other line). A line
+    completed when every one of its choices did."""
+    if only is None:
+        return True
+    return all(row.state == "completed" for row in choices) == (only == "completed")
 
 
 def export_job(
@@ -129,22 +163,46 @@ def export_job(
     fmt: ExportFormat = "csv",
     *,
     csv_raw: bool = False,
+    only: Only = None,
     patient: Patient | None = None,
 ) -> int:
-    """Write the job's results to `path` in `fmt`; returns the number of requests written. CSV text
-    cells that a spreadsheet would run get a leading `'` unless `csv_raw` (jobs.outputs.defused).
-    `patient`: every read rides out a database outage through it."""
-    target = patient(lambda: _target(db, job_id)) if patient else _target(db, job_id)
-    rows = _rows(db, job_id, patient)
+    """Write the job's results to `path` in `fmt`; returns the number of lines written (csv and jsonl:
+    a line with `n` > 1 writes a row a choice). CSV text cells that a spreadsheet would run get a
+    leading `'` unless `csv_raw` (jobs.outputs.defused). `only`: just the completed lines, or just the
+    others. `patient`: every read rides out a database outage through it.
+
+    In the OpenAI format, `model` is the job's served model name, else the line's `body.model`, else the
+    target's name (`served_name`); ids derive from the job id and the line's first position."""
+    job = patient(lambda: _job(db, job_id)) if patient else _job(db, job_id)
+    default_model = served_name(job.target)
+    lines = (choices for choices in _lines(_rows(db, job_id, patient)) if _wanted(choices, only))
+    # csv and jsonl: a row a choice, which says its index when the line has several
+    rows = ((row, row.choice if len(choices) > 1 else None) for choices in lines for row in choices)
     with open_output(path) as out:
         if fmt == "csv":
-            return write_csv(out, (csv_row(request, result, state) for request, result, state in rows), raw=csv_raw)
+            return write_csv(
+                out, (csv_row(row.request, row.result, row.state, choice or 0) for row, choice in rows), raw=csv_raw
+            )
         if fmt == "jsonl":
             return write_jsonl(
                 out,
                 (
-                    result_record(request, result or _not_run(state), with_tokens=True)
-                    for request, result, state in rows
+                    result_record(row.request, row.result or _not_run(row.state), with_tokens=True, choice=choice)
+                    for row, choice in rows
                 ),
             )
-        return write_jsonl(out, (openai_record(request, result, model=target) for request, result, _ in rows))
+        return write_jsonl(
+            out,
+            (
+                openai_record(
+                    choices[0].request,
+                    choices[0].result,
+                    model=job.served_model_name or choices[0].request["model"] or default_model,
+                    ids=OpenAIIds.derive(job_id, choices[0].seq),
+                    created=max((row.created for row in choices if row.created is not None), default=None),
+                    state=choices[0].state,
+                    more=[row.result for row in choices[1:]],
+                )
+                for choices in lines
+            ),
+        )

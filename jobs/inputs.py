@@ -69,30 +69,31 @@ from specq.jobs.openai_fields import (
     MESSAGE_NEUTRAL_FIELDS,
 )
 from specq.limits import (
-    COMPLETION_LOGPROBS,
+    CHOICES,
+    COMPLETIONS_LOGPROBS,
     INPUT_BYTES,
     LINE_BYTES,
+    LOGPROBS,
     MAX_STOP_STRINGS,
     MAX_TOKENS,
     SEED,
     TEMPERATURE,
     TOKEN_ID,
     TOP_K,
-    TOP_LOGPROBS,
     TOP_P,
     Limit,
 )
 
 RequestKind = Literal["completion", "chat"]
 
-OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
+OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 # role -> the role the chat template sees: OpenAI's `developer` is the system prompt of newer models
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TOOL_ROLES = frozenset({"tool", "function"})
 _ROLES_TEXT = ", ".join(f'"{role}"' for role in CHAT_ROLES)
 
 _OVERRIDE_SET = frozenset(OVERRIDE_KEYS)
-_PLAIN_KEYS = frozenset({"id", "prompt", "messages", *OVERRIDE_KEYS})
+_PLAIN_KEYS = frozenset({"id", "prompt", "messages", "logprobs", "n", *OVERRIDE_KEYS})
 _OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _MESSAGE_KEYS = MESSAGE_FIELDS | MESSAGE_NEUTRAL_FIELDS
 MAX_LINE_ENV = "SPECQ_MAX_LINE_BYTES"
@@ -115,6 +116,8 @@ class RequestSpec:
     messages: list[dict] | None  # set for "chat" requests: [{"role": ..., "content": ..., "name"?}, ...]
     overrides: dict
     prompt_token_ids: tuple[int, ...] | None = None  # set for "completion" requests given as token ids
+    model: str | None = None  # an OpenAI line's `body.model`, echoed in OpenAI-format output
+    n: int = 1  # completions of this line (`n`), each a request of its own (`choice_index`)
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,7 @@ def _check_stop(name: str, value: Any) -> tuple[str, ...]:
     return tuple(_check_text(f"{name}[{i}]", item) for i, item in enumerate(items))
 
 
-_INT_LIMITS = {"max_tokens": MAX_TOKENS, "top_k": TOP_K, "seed": SEED, "logprobs": TOP_LOGPROBS}
+_INT_LIMITS = {"max_tokens": MAX_TOKENS, "top_k": TOP_K, "seed": SEED}
 _NUMBER_LIMITS = {"temperature": TEMPERATURE, "top_p": TOP_P}
 
 
@@ -244,7 +247,7 @@ def _check_override(key: str, name: str, value: Any) -> Any:
         return _check_int(name, value, _INT_LIMITS[key])
     if key in _NUMBER_LIMITS:
         return _check_number(name, value, _NUMBER_LIMITS[key])
-    return _check_stop(name, value)  # "stop", the one override neither an integer nor a number
+    return _check_stop(name, value)  # "stop", the last of OVERRIDE_KEYS
 
 
 def _check_content(name: str, value: Any) -> str:
@@ -358,15 +361,43 @@ def _read_overrides(obj: dict, prefix: str) -> dict:
     return overrides
 
 
-def _spec(line: int, request_id: str, prompt: _Prompt, overrides: dict) -> RequestSpec:
-    return RequestSpec(line, request_id, prompt.kind, prompt.prompt, prompt.messages, overrides, prompt.token_ids)
+def _spec(
+    line: int, request_id: str, prompt: _Prompt, overrides: dict, model: str | None = None, n: int = 1
+) -> RequestSpec:
+    return RequestSpec(
+        line, request_id, prompt.kind, prompt.prompt, prompt.messages, overrides, prompt.token_ids, model, n
+    )
+
+
+def _read_n(obj: dict, name: str) -> int:
+    """The line's `n` (completions of it), 1 when absent or null."""
+    return 1 if obj.get("n") is None else _check_int(name, obj["n"], CHOICES)
 
 
 def _parse_plain(obj: dict, line: int) -> RequestSpec:
     if not obj.keys() <= _PLAIN_KEYS:
         raise LineError(f"unknown field {_first_key(obj.keys() - _PLAIN_KEYS)}")
     request_id = _check_id("id", obj["id"]) if "id" in obj else str(line)
-    return _spec(line, request_id, _read_prompt(obj, ""), _read_overrides(obj, ""))
+    overrides = _read_overrides(obj, "")
+    if obj.get("logprobs") is not None:
+        overrides["logprobs"] = _check_int("logprobs", obj["logprobs"], LOGPROBS)
+    return _spec(line, request_id, _read_prompt(obj, ""), overrides, n=_read_n(obj, "n"))
+
+
+def _openai_logprobs(body: dict, url: str) -> int | None:
+    """How many top alternatives an OpenAI line asks for each token, as specq's `logprobs`; None: none.
+    /v1/completions: `logprobs: N` (0 to 5). Chat: `logprobs: true`, with `top_logprobs: N` (0 to 20)."""
+    value = body.get("logprobs")
+    if url == COMPLETIONS_URL:
+        return None if value is None else _check_int("body.logprobs", value, COMPLETIONS_LOGPROBS)
+    top = body.get("top_logprobs")
+    if value is not None and not isinstance(value, bool):
+        raise LineError(f'"body.logprobs" must be true or false, got {_type_name(value)}')
+    if not value:
+        if top is not None and top != 0:
+            raise LineError('"body.top_logprobs" needs "body.logprobs": true')
+        return None
+    return 0 if top is None else _check_int("body.top_logprobs", top, LOGPROBS)
 
 
 def _check_body_fields(body: dict, url: str) -> None:
@@ -380,23 +411,6 @@ def _check_body_fields(body: dict, url: str) -> None:
                 f"{_echo('body.' + key)} is not supported: specq accepts it only as {field.neutral_text}, "
                 f"got {_echo(value)}"
             )
-
-
-def _read_logprobs(body: dict, url: str) -> int | None:
-    """The alternatives wanted per token (None: no log-probabilities), as the endpoint spells it:
-    completions `logprobs: N` (0..5; null: none); chat `logprobs: true` with `top_logprobs: N` (0..20,
-    default 0), and `top_logprobs` only with `logprobs: true` (as OpenAI requires)."""
-    value = body.get("logprobs")
-    if url == COMPLETIONS_URL:
-        return None if value is None else _check_int("body.logprobs", value, COMPLETION_LOGPROBS)
-    if value is not None and not isinstance(value, bool):
-        raise LineError(f'"body.logprobs" must be a boolean, got {_type_name(value)}')
-    top = body.get("top_logprobs")
-    if value is not True:
-        if top is not None and not (type(top) is int and top == 0):  # 0 alone asks for nothing
-            raise LineError('"body.top_logprobs" needs "body.logprobs": true')
-        return None
-    return 0 if top is None else _check_int("body.top_logprobs", top, TOP_LOGPROBS)
 
 
 def _parse_openai(obj: dict, line: int) -> RequestSpec:
@@ -420,17 +434,20 @@ def _parse_openai(obj: dict, line: int) -> RequestSpec:
         raise LineError(f'missing "body.{expected}" (required by {url})')
     _check_body_fields(body, url)
     prompt = _read_prompt(body, "body.")
-    overrides = _read_overrides({k: v for k, v in body.items() if k != "logprobs"}, "body.")
-    logprobs = _read_logprobs(body, url)
-    if logprobs is not None:
-        overrides["logprobs"] = logprobs
+    overrides = _read_overrides(body, "body.")
     if body.get("max_completion_tokens") is not None:
         if "max_tokens" in overrides:
             raise LineError('has both "body.max_tokens" and "body.max_completion_tokens"; give one')
         overrides["max_tokens"] = _check_override(
             "max_tokens", "body.max_completion_tokens", body["max_completion_tokens"]
         )
-    return _spec(line, request_id, prompt, overrides)
+    logprobs = _openai_logprobs(body, url)
+    if logprobs is not None:
+        overrides["logprobs"] = logprobs
+    model = body.get("model")
+    return _spec(
+        line, request_id, prompt, overrides, model if isinstance(model, str) else None, _read_n(body, "body.n")
+    )
 
 
 MAX_JSON_DEPTH = 1024  # orjson's limit: arrays and objects nested deeper are refused

@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
@@ -23,10 +24,12 @@ from specq.jobs.chat_template import refuse_chat_without_template
 from specq.jobs.input_source import STDIN, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs, validate_file
 from specq.jobs.output_file import open_output
-from specq.jobs.outputs import result_record
-from specq.jobs.params import engine_request
+from specq.jobs.outputs import OpenAIIds, openai_record, result_record, served_name
+from specq.jobs.params import choice_overrides, engine_request
 
 log = logging.getLogger(__name__)
+
+OutputFormat = Literal["jsonl", "openai"]
 
 
 @dataclass
@@ -51,6 +54,8 @@ def run_file(
     device: str | None,
     dtype: str | None,
     chat_template: str | None = None,
+    served_model_name: str | None = None,
+    output_format: OutputFormat = "jsonl",
     on_start: Callable[[int], None] = lambda total: None,
     on_progress: Progress = lambda done, stats: None,
     limits: InputLimits | None = None,
@@ -58,7 +63,10 @@ def run_file(
     """Generate for every line of `input_path` ("-": stdin) and write one JSON line per request to
     `output_path` ("-": stdout), as jobs.output_file writes: nothing is written, and an existing file is
     left as it was, unless the whole input is good and the run ends. Chat lines are rendered with
-    `chat_template`, else the target tokenizer's own (none: they are refused as bad lines)."""
+    `chat_template`, else the target tokenizer's own (none: they are refused as bad lines).
+
+    `output_format` "openai": the lines are OpenAI Batch output lines, whose `model` is
+    `served_model_name`, else the line's `body.model`, else the target's name (as `export` writes them)."""
     from specq.models.loading import has_chat_template, load_pair, load_tokenizer, resolve_device
 
     def template_missing() -> bool:
@@ -75,17 +83,30 @@ def run_file(
 
         engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)
         summary = RunSummary(total=total, stats=engine.stats)
-        ids: dict[int, str] = {}  # key -> request id, for lines not yet written
+        # key -> the request's id, kind, model, choice and n; for requests not yet written. A line with
+        # `n` > 1 is n requests (its choices), at consecutive keys
+        requests_of: dict[int, dict[str, Any]] = {}
+        record = _record_writer(output_format, served_model_name or None, target)
         early_failures: dict[int, GenerationResult] = {}
 
         def requests() -> Iterator[GenerationRequest]:
-            for key, spec in enumerate(iter_request_specs(source.path, limits, name=source.name)):
-                ids[key] = spec.id
-                request = engine_request(key, spec, pair.tokenizer, sampling, chat_template)
-                if isinstance(request, GenerationResult):
-                    early_failures[key] = request
-                else:
-                    yield request
+            key = 0
+            for spec in iter_request_specs(source.path, limits, name=source.name):
+                for choice in range(spec.n):
+                    requests_of[key] = {
+                        "id": spec.id,
+                        "kind": spec.kind,
+                        "model": spec.model,
+                        "choice": choice,
+                        "n": spec.n,
+                    }
+                    line = replace(spec, overrides=choice_overrides(spec.overrides, choice))
+                    request = engine_request(key, line, pair.tokenizer, sampling, chat_template)
+                    if isinstance(request, GenerationResult):
+                        early_failures[key] = request
+                    else:
+                        yield request
+                    key += 1
 
         waiting: dict[int, GenerationResult] = {}
         next_key = 0
@@ -96,7 +117,9 @@ def run_file(
                 result = waiting.pop(next_key, None) or early_failures.pop(next_key, None)
                 if result is None:
                     return
-                output.write(json.dumps(result_record({"id": ids.pop(next_key)}, result, with_tokens=True)) + "\n")
+                line = record(next_key, requests_of.pop(next_key), result)
+                if line is not None:
+                    output.write(json.dumps(line, ensure_ascii=False) + "\n")
                 if result.error is None:
                     summary.completed += 1
                 else:
@@ -112,6 +135,32 @@ def run_file(
         on_progress(next_key, engine.stats)
         summary.stats = engine.stats
         return summary
+
+
+def _record_writer(
+    output_format: OutputFormat, served_model_name: str | None, target: str
+) -> Callable[[int, dict[str, Any], GenerationResult], dict | None]:
+    """(position, request, result), in order -> the output line to write, or None while a line with
+    `n` > 1 waits for its other choices. jsonl: a line a choice (with its `choice` when n > 1); openai:
+    a line an input line, its choices together."""
+    if output_format == "jsonl":
+        return lambda position, request, result: result_record(
+            request, result, with_tokens=True, choice=request["choice"] if request["n"] > 1 else None
+        )
+    scope, default_model = uuid.uuid4().hex, served_name(target)  # ids unique to this run's file
+    choices: list[GenerationResult] = []
+
+    def openai_line(position: int, request: dict[str, Any], result: GenerationResult) -> dict | None:
+        choices.append(result)
+        if request["choice"] < request["n"] - 1:
+            return None
+        first, *more = choices
+        choices.clear()
+        model = served_model_name or request["model"] or default_model
+        ids = OpenAIIds.derive(scope, position - request["choice"])
+        return openai_record(request, first, model=model, ids=ids, more=more)
+
+    return openai_line
 
 
 def default_output_path(input_path: str) -> str:

@@ -15,9 +15,8 @@ compares it with the `openai` package's request types), with one of these uses:
 A field the line's endpoint does not define is refused (OpenAI refuses it too), so a typo is reported
 instead of being silently ignored. `top_k` is vLLM's extension of both endpoints, honoured as vLLM does.
 
-Switching a field on is one change: its entry's use becomes ``setting`` and jobs.inputs reads it.
-``logprobs`` and ``top_logprobs`` are settings: jobs.inputs turns them into one override, ``logprobs``
-(the alternatives wanted per token; absent: none).
+Switching a field on (as ``logprobs`` was, once the engine returned log-probabilities) is one change:
+its entry's use becomes ``setting`` and jobs.inputs reads it.
 """
 
 from __future__ import annotations
@@ -107,9 +106,6 @@ BODY_FIELDS: dict[str, BodyField] = {
     "top_k": _setting(),  # vLLM's extension
     "seed": _setting(),
     "stop": _setting(),
-    # completions: an integer 0..5, the alternatives per token; chat: true, with top_logprobs 0..20
-    "logprobs": _setting(),
-    "top_logprobs": _setting(CHAT_ONLY),
     "model": _ignored(),  # the job's target runs every line
     "user": _ignored(),
     "metadata": _ignored(CHAT_ONLY),
@@ -120,8 +116,9 @@ BODY_FIELDS: dict[str, BodyField] = {
     "prompt_cache_retention": _ignored(CHAT_ONLY),
     "prompt_cache_options": _ignored(CHAT_ONLY),
     "parallel_tool_calls": _ignored(CHAT_ONLY),  # means nothing without tools, which are refused
-    # Not supported yet: each is one entry, switched on by making it a setting.
-    "n": _neutral(BOTH, _null_or_one, "1"),
+    "logprobs": _setting(),  # completions: the top-N count; chat: true or false (jobs.inputs)
+    "top_logprobs": _setting(CHAT_ONLY),  # with chat's logprobs: true
+    "n": _setting(),  # completions of the line (jobs.inputs)
     # Cannot be honoured by a batch of local text models.
     "stream": _neutral(BOTH, _null_or_false, "false"),
     "stream_options": _neutral(BOTH, _null, "null (it needs stream)"),

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import IO, Any, Protocol
+from typing import IO, Any, NamedTuple, Protocol
 
 from specq.jobs.inputs import RequestSpec
 
@@ -30,6 +31,7 @@ CSV_COLUMNS = (
     "accepted_tokens",
     "status",
     "error",
+    "choice",  # 0, or which of a line's n completions (`n` > 1: a row each)
 )
 
 RequestLike = RequestSpec | Mapping[str, Any]
@@ -56,7 +58,52 @@ class ResultLike(Protocol):
     @property
     def error(self) -> str | None: ...
     @property
-    def logprobs(self) -> Sequence[Mapping[str, Any]] | None: ...  # decoding.types.TokenLogprob each
+    def logprobs(self) -> Sequence[Any] | None: ...  # TokenLogprob objects, or their dicts as stored
+
+
+def logprob_entries(result: ResultLike) -> list[dict[str, Any]] | None:
+    """The result's per-token log-probabilities as dicts (TokenLogprob.to_dict()); None if not asked."""
+    if result.logprobs is None:
+        return None
+    return [entry if isinstance(entry, dict) else entry.to_dict() for entry in result.logprobs]
+
+
+def openai_completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """/v1/completions' `choices[i].logprobs`: tokens, their logprobs, each one's top alternatives
+    (token -> logprob) and its offset in the completion's text."""
+    offsets, offset = [], 0
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {
+        "tokens": [entry["token"] for entry in entries],
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [{token: logprob for _, token, logprob in entry["top"]} for entry in entries],
+        "text_offset": offsets,
+    }
+
+
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="surrogatepass"))
+
+
+def openai_chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat's `choices[i].logprobs`: `content`, one object a token with its bytes and top alternatives."""
+    return {
+        "content": [
+            {
+                "token": entry["token"],
+                "logprob": entry["logprob"],
+                "bytes": _token_bytes(entry["token"]),
+                "top_logprobs": [
+                    {"token": token, "logprob": logprob, "bytes": _token_bytes(token)}
+                    for _, token, logprob in entry["top"]
+                ],
+            }
+            for entry in entries
+        ],
+        "refusal": None,
+    }
 
 
 def _field(request: RequestLike, name: str) -> Any:
@@ -65,10 +112,13 @@ def _field(request: RequestLike, name: str) -> Any:
     return request.get(name)
 
 
-def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool = False) -> dict:
+def result_record(
+    request: RequestLike, result: ResultLike, *, with_tokens: bool = False, choice: int | None = None
+) -> dict:
     """One line of `specq run`'s output or of `export --format jsonl`.
 
-    `with_tokens` adds `tokens`, the completion's token ids (exactly those `completion` decodes).
+    `with_tokens` adds `tokens`, the completion's token ids (exactly those `completion` decodes);
+    `choice` (a line with `n` > 1, a record each) adds which of its completions this is.
     """
     failed = result.error is not None
     record: dict[str, Any] = {
@@ -82,114 +132,137 @@ def result_record(request: RequestLike, result: ResultLike, *, with_tokens: bool
     }
     if with_tokens:
         record["tokens"] = None if failed else list(result.token_ids)
-    if result.logprobs is not None and not failed:
-        record["logprobs"] = list(result.logprobs)
+    entries = None if failed else logprob_entries(result)
+    if entries is not None:
+        record["logprobs"] = [{k: entry[k] for k in ("token", "logprob", "top")} for entry in entries]
     record["error"] = result.error
+    if choice is not None:
+        record["choice"] = choice
     return record
 
 
-def _hex_id() -> str:
-    return uuid.uuid4().hex
+# OpenAI's error codes for a request that has no result: its job was cancelled before it ran, or its
+# completion window ended first. Any other state (queued, running) is a job still under way.
+NOT_RUN_CODES = {"cancelled": "batch_cancelled", "expired": "batch_expired"}
+# The engine's message for a prompt that cannot fit (decoding.engine): OpenAI answers it with a 400
+CONTEXT_OVERFLOW = "exceeds the model's context"
 
 
-def openai_record(request: RequestLike, result: ResultLike | None, *, model: str, created: int | None = None) -> dict:
-    """One line of the OpenAI Batch API's output file for `request`.
+class OpenAIIds(NamedTuple):
+    """The ids of one output line: derived from the job (or run) and the request's position, so every
+    export of a job gives the same ids."""
 
-    `result` None (a request that never ran, e.g. in a cancelled job) and a failed result both give
-    `response: null` and an `error` object; `custom_id` is the request's id whatever form its line had.
+    line: str  # the output line's `id`
+    request: str  # `response.request_id`
+    completion: str  # `response.body.id`, without its `cmpl-` / `chatcmpl-` prefix
+
+    @classmethod
+    def derive(cls, scope: str, position: int) -> OpenAIIds:
+        def one(part: str) -> str:
+            return uuid.uuid5(uuid.NAMESPACE_URL, f"specq:{scope}:{position}:{part}").hex
+
+        return cls(f"batch_req_{one('line')}", one("request"), one("completion"))
+
+
+def _response(ids: OpenAIIds, status_code: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {"status_code": status_code, "request_id": ids.request, "body": body}
+
+
+def _choice(chat: bool, index: int, result: ResultLike) -> dict[str, Any]:
+    entries = logprob_entries(result)
+    if chat:
+        message = {"role": "assistant", "content": result.text, "refusal": None}
+        logprobs = None if entries is None else openai_chat_logprobs(entries)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason}
+    return {
+        "text": result.text,
+        "index": index,
+        "logprobs": None if entries is None else openai_completion_logprobs(entries),
+        "finish_reason": result.finish_reason,
+    }
+
+
+def _completion_body(
+    request: RequestLike, results: Sequence[ResultLike], *, ids: OpenAIIds, model: str, created: int
+) -> dict:
+    """The response body of a line and its completions (one, or `n`): the prompt counted once in the
+    usage, the completions' tokens summed, as OpenAI counts them."""
+    prompt_tokens = results[0].prompt_tokens
+    completion_tokens = sum(result.completion_tokens for result in results)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    chat = _field(request, "kind") == "chat"
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{ids.completion}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [_choice(chat, index, result) for index, result in enumerate(results)],
+        "usage": usage,
+    }
+
+
+def openai_record(
+    request: RequestLike,
+    result: ResultLike | None,
+    *,
+    model: str,
+    ids: OpenAIIds,
+    created: int | None = None,
+    state: str = "",
+    more: Sequence[ResultLike | None] = (),
+) -> dict:
+    """One line of the OpenAI Batch API's output file for `request` (its error file for a request
+    without a completion).
+
+    `model` is the name to report (jobs.export picks it: `--served-model-name`, else the line's
+    `body.model`, else the target's name); `created` the result's time (epoch seconds). `result` None: a
+    request that never ran, with `state` its request state (`batch_cancelled`, `batch_expired`). A
+    prompt too long for the model is a 400 `invalid_request_error` response, as OpenAI answers one; any
+    other failure an `error` object. `custom_id` is the request's id whatever form its line had.
+
+    `more`: the results of the line's other choices (`n` > 1), which join `result` as `choices[1:]`;
+    the line is an error, the first choice's that has no completion, unless every choice completed.
     """
-    line: dict[str, Any] = {"id": f"batch_req_{_hex_id()}", "custom_id": _field(request, "id")}
+    if more:
+        missing = [r for r in (result, *more) if r is None or r.error is not None]
+        if missing:  # a line is one request: it completed only if every choice did
+            return openai_record(request, missing[0], model=model, ids=ids, created=created, state=state)
+    line: dict[str, Any] = {"id": ids.line, "custom_id": _field(request, "id")}
     if result is None:
-        line.update(response=None, error={"code": "not_run", "message": "the request did not run"})
+        code = NOT_RUN_CODES.get(state, "not_run")
+        message = f"the request did not run ({state})" if state else "the request did not run"
+        line.update(response=None, error={"code": code, "message": message})
+        return line
+    if result.error is not None and CONTEXT_OVERFLOW in result.error:
+        param = "messages" if _field(request, "kind") == "chat" else "prompt"
+        error = {
+            "message": result.error,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "context_length_exceeded",
+        }
+        line.update(response=_response(ids, 400, {"error": error}), error=None)
         return line
     if result.error is not None:
         line.update(response=None, error={"code": "generation_failed", "message": result.error})
         return line
     created = int(time.time()) if created is None else created
-    usage = {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
-    }
-    body: dict[str, Any]
-    if _field(request, "kind") == "chat":
-        body = {
-            "id": f"chatcmpl-{_hex_id()}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": result.text},
-                    "logprobs": openai_logprobs("chat", result.logprobs),
-                    "finish_reason": result.finish_reason,
-                }
-            ],
-            "usage": usage,
-        }
-    else:
-        body = {
-            "id": f"cmpl-{_hex_id()}",
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "text": result.text,
-                    "index": 0,
-                    "logprobs": openai_logprobs("completion", result.logprobs),
-                    "finish_reason": result.finish_reason,
-                }
-            ],
-            "usage": usage,
-        }
-    line.update(response={"status_code": 200, "request_id": _hex_id(), "body": body}, error=None)
+    results = [result, *(r for r in more if r is not None)]
+    body = _completion_body(request, results, ids=ids, model=model, created=created)
+    line.update(response=_response(ids, 200, body), error=None)
     return line
 
 
-def openai_logprobs(kind: str, entries: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
-    """A choice's `logprobs` in OpenAI's shape for `kind` ("chat" or "completion"), from the stored
-    per-token entries (decoding.types.TokenLogprob); None where the request did not ask.
-
-    Token strings are each id decoded alone, `bytes` their UTF-8 bytes (a token that is part of a
-    character decodes to U+FFFD, whose bytes are given); `text_offset` counts characters of the
-    completion, from its start, along those token strings."""
-    if entries is None:
-        return None
-    if kind == "chat":
-
-        def alternative(token: str, logprob: float) -> dict[str, Any]:
-            return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
-
-        content = [
-            {
-                **alternative(e["token"], e["logprob"]),
-                "top_logprobs": [
-                    alternative(text, logprob) for text, (_, logprob) in zip(e["top_tokens"], e["top"], strict=True)
-                ],
-            }
-            for e in entries
-        ]
-        return {"content": content, "refusal": None}
-    offsets, offset = [], 0
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e["token"])
-    return {
-        "tokens": [e["token"] for e in entries],
-        "token_logprobs": [e["logprob"] for e in entries],
-        # a dict per token, as OpenAI's; two alternatives with the same text keep the likelier one
-        "top_logprobs": [_top_by_text(e) for e in entries],
-        "text_offset": offsets,
-    }
-
-
-def _top_by_text(entry: Mapping[str, Any]) -> dict[str, float]:
-    top: dict[str, float] = {}
-    for text, (_, logprob) in zip(entry["top_tokens"], entry["top"], strict=True):
-        top.setdefault(text, logprob)  # likeliest first: a repeated text keeps its likelier logprob
-    return top
+def served_name(target: str) -> str:
+    """The target as OpenAI output names it: a hub id as it is, a local folder by its last component
+    (a path of the machine that ran it means nothing to the reader, and may say too much)."""
+    if target.startswith(("/", "./", "../", "~")) or os.path.isdir(target):
+        return os.path.basename(os.path.normpath(target)) or target
+    return target
 
 
 def prompt_text(request: RequestLike) -> str:
@@ -201,10 +274,10 @@ def prompt_text(request: RequestLike) -> str:
     return _field(request, "prompt") or ""
 
 
-def csv_row(request: RequestLike, result: ResultLike | None, status: str) -> list[Any]:
+def csv_row(request: RequestLike, result: ResultLike | None, status: str, choice: int = 0) -> list[Any]:
     """One CSV row in CSV_COLUMNS order; `result` None for a request that has none (not run yet)."""
     if result is None:
-        return [_field(request, "id"), prompt_text(request), "", "", "", "", "", "", status, ""]
+        return [_field(request, "id"), prompt_text(request), "", "", "", "", "", "", status, "", choice]
     failed = result.error is not None
     return [
         _field(request, "id"),
@@ -217,6 +290,7 @@ def csv_row(request: RequestLike, result: ResultLike | None, status: str) -> lis
         result.accepted_tokens,
         status,
         result.error or "",
+        choice,
     ]
 
 

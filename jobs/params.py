@@ -17,7 +17,7 @@ from specq.limits import MIN_SAMPLING_TEMPERATURE
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
 def sampling_params(defaults: dict[str, Any], overrides: dict[str, Any]) -> SamplingParams:
@@ -31,6 +31,19 @@ def sampling_params(defaults: dict[str, Any], overrides: dict[str, Any]) -> Samp
     if "stop" in merged:
         merged["stop"] = tuple(merged["stop"])  # stored as a JSON list
     return SamplingParams(**merged)
+
+
+# the golden ratio's 64-bit constant, as splitmix64 steps: seeds of a line's choices land far apart
+_CHOICE_SEED_STEP = 0x9E3779B97F4A7C15
+
+
+def choice_overrides(overrides: dict[str, Any], choice: int) -> dict[str, Any]:
+    """The overrides of choice `choice` of a line with `n` > 1: a seeded line's choice i decodes with
+    seed (seed + i * 0x9E3779B97F4A7C15) mod 2**63, so the choices differ and the whole line stays
+    reproducible; choice 0 keeps the line's own seed (a line with n = 1 is unchanged)."""
+    if choice == 0 or overrides.get("seed") is None:
+        return overrides
+    return {**overrides, "seed": (overrides["seed"] + choice * _CHOICE_SEED_STEP) % 2**63}
 
 
 def decoding_config(settings: dict[str, Any]) -> DecodingConfig:

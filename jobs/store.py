@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from specq.db.states import RequestState
 from specq.jobs.inputs import RequestSpec
+from specq.jobs.params import choice_overrides
 
 COLUMNS = (
     "job_id",
@@ -22,6 +23,8 @@ COLUMNS = (
     "messages",
     "prompt_token_ids",
     "overrides",
+    "model",
+    "choice_index",
     "state",
     "attempts",
 )
@@ -33,21 +36,30 @@ def _dumps(value: Any) -> str:
 
 
 def _rows(job_id: str, specs: Iterable[RequestSpec]) -> Iterator[tuple[Any, ...]]:
+    """One row a request: a line with `n` > 1 is n requests, its choices, at consecutive positions."""
     queued = str(RequestState.QUEUED)
-    for seq, spec in enumerate(specs):
-        yield (
-            job_id,
-            seq,
-            spec.line,
-            spec.id,
-            spec.kind,
-            spec.prompt,
-            None if spec.messages is None else _dumps(spec.messages),
-            None if spec.prompt_token_ids is None else _dumps(spec.prompt_token_ids),
-            _dumps(spec.overrides) if spec.overrides else "{}",  # `stop`, a tuple, becomes a JSON list
-            queued,
-            0,
-        )
+    seq = 0
+    for spec in specs:
+        messages = None if spec.messages is None else _dumps(spec.messages)
+        token_ids = None if spec.prompt_token_ids is None else _dumps(spec.prompt_token_ids)
+        for choice in range(spec.n):
+            overrides = choice_overrides(spec.overrides, choice)
+            yield (
+                job_id,
+                seq,
+                spec.line,
+                spec.id,
+                spec.kind,
+                spec.prompt,
+                messages,
+                token_ids,
+                _dumps(overrides) if overrides else "{}",  # `stop`, a tuple, becomes a JSON list
+                spec.model,
+                choice,
+                queued,
+                0,
+            )
+            seq += 1
 
 
 def insert_requests(session: Session, job_id: str, specs: Iterable[RequestSpec]) -> int:

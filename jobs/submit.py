@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import delete
@@ -58,6 +59,10 @@ class JobSpec:
     device: str | None = None  # for the in-process run; queue workers use their own device
     dtype: str | None = None
     chat_template: str | None = None  # `--chat-template`'s text: workers render chat lines with it
+    served_model_name: str | None = None  # the `model` OpenAI-format export reports (jobs.export)
+    metadata: dict[str, str] | None = None  # `--metadata` pairs, shown by status (OpenAI Batch's metadata)
+    completion_window: str | None = None  # as given, e.g. "24h"; requests not started by then expire
+    completion_window_s: float | None = None  # the same, in seconds
     # a request whose worker died this many times while running it fails instead of running again
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
@@ -161,6 +166,9 @@ def _store_job(
             target=spec.target,
             draft=spec.draft,
             input_name=name,
+            served_model_name=spec.served_model_name,
+            user_metadata=spec.metadata or None,
+            completion_window=spec.completion_window,
             settings=spec.settings(0),
             total=0,
         )
@@ -174,6 +182,8 @@ def _store_job(
         models.wait()
         chunk_size = QueueSettings.from_env().chunk_size(total, int(spec.decoding.get("batch_size", 8)))
         job.total, job.settings = total, spec.settings(chunk_size)
+        if spec.completion_window_s is not None:  # the window opens when the job is stored and queued
+            job.expires_at = utcnow() + timedelta(seconds=spec.completion_window_s)
         # set just before the enqueue: a sweeper treats a chunk as lost only once this is old
         job.enqueued_at = utcnow() if broker is not None else None
     return job_id, total, chunk_size

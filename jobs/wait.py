@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specq.db.session import Database
+from specq.jobs.expiry import expire_due_jobs
 from specq.jobs.patience import Patient
 from specq.jobs.status import job_ended, job_status
 
@@ -24,7 +25,12 @@ def wait_for_job(
     last status. `patient`: each poll rides out a database outage through it (jobs.patience)."""
     while True:
         stopped = give_up()  # read before the status, so the last poll sees everything the work wrote
-        status = patient(lambda: job_status(db, job_id)) if patient else job_status(db, job_id)
+
+        def poll() -> dict[str, Any]:
+            expire_due_jobs(db, job_id)  # a job that no worker serves still ends on time
+            return job_status(db, job_id)
+
+        status = patient(poll) if patient else poll()
         on_update(status)
         if job_ended(status["state"]) or stopped:
             return status

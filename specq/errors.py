@@ -41,6 +41,10 @@ class JobNotFoundError(SpecqError):
     """No job has the given id."""
 
 
+class JobActiveError(SpecqError):
+    """The job is still running (or winding down) and the command needs it ended."""
+
+
 class WorkerUnusableError(SpecqError):
     """This worker cannot serve (its device is unusable, or a model does not load on it): it exits with
     `exit_code` before (or instead of) failing any request, and its work goes to other workers."""

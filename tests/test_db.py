@@ -138,10 +138,11 @@ def test_database_down_is_one_sentence_with_masked_password() -> None:
 def test_transition_table_is_complete() -> None:
     assert set(JOB_TRANSITIONS) == set(JobState)
     assert set(REQUEST_TRANSITIONS) == set(RequestState)
-    assert {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED} == JOB_TERMINAL
+    assert {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED} == JOB_TERMINAL
     assert REQUEST_TRANSITIONS[RequestState.COMPLETED] == frozenset()
     assert sorted(job_sources(JobState.CANCELLED)) == ["queued", "running"]
-    assert sorted(job_sources(JobState.QUEUED)) == ["cancelled", "completed", "failed"]
+    assert sorted(job_sources(JobState.QUEUED)) == ["cancelled", "completed", "expired", "failed"]
+    assert sorted(job_sources(JobState.EXPIRED)) == ["queued", "running"]
 
 
 def test_timestamps_are_utc_aware(any_db_url) -> None:

@@ -77,7 +77,7 @@ def test_openai_lines_both_urls(tmp_path: Path) -> None:
                 "custom_id": "a",
                 "method": "POST",
                 "url": "/v1/completions",
-                "body": {"model": "ignored", "prompt": "p", "max_tokens": 8, "temperature": 0.7},
+                "body": {"model": "m-1", "prompt": "p", "max_tokens": 8, "temperature": 0.7},
             },
             {
                 "custom_id": "b",
@@ -95,7 +95,8 @@ def test_openai_lines_both_urls(tmp_path: Path) -> None:
         ],
     )
     a, b = iter_request_specs(path)
-    assert a == RequestSpec(1, "a", "completion", "p", None, {"max_tokens": 8, "temperature": 0.7})
+    assert a == RequestSpec(1, "a", "completion", "p", None, {"max_tokens": 8, "temperature": 0.7}, model="m-1")
+    assert b.model == "x"  # kept to echo in OpenAI-format output; the job's target runs every line
     assert b.kind == "chat" and b.prompt is None
     assert b.messages == [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     assert b.overrides == {"max_tokens": 9}

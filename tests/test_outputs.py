@@ -9,7 +9,17 @@ from dataclasses import replace
 
 from specq.decoding.types import GenerationResult
 from specq.jobs.inputs import RequestSpec
-from specq.jobs.outputs import CSV_COLUMNS, csv_row, openai_record, result_record, write_csv, write_jsonl
+from specq.jobs.outputs import (
+    CSV_COLUMNS,
+    OpenAIIds,
+    csv_row,
+    openai_record,
+    result_record,
+    write_csv,
+    write_jsonl,
+)
+
+IDS = OpenAIIds.derive("job", 0)
 
 COMPLETION = RequestSpec(1, "q1", "completion", "def add(a, b):", None, {})
 CHAT = RequestSpec(2, "c1", "chat", None, [{"role": "user", "content": "hi"}], {"max_tokens": 4})
@@ -67,7 +77,7 @@ def test_result_record_failed() -> None:
 
 
 def test_openai_completion_line() -> None:
-    line = openai_record(COMPLETION, ok(), model="tgt", created=123)
+    line = openai_record(COMPLETION, ok(), model="tgt", ids=IDS, created=123)
     assert line["id"].startswith("batch_req_")
     assert line["custom_id"] == "q1"
     assert line["error"] is None
@@ -84,25 +94,60 @@ def test_openai_completion_line() -> None:
 
 def test_openai_chat_line_from_mapping() -> None:
     request = {"id": "c1", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]}
-    body = openai_record(request, ok(text="hello"), model="tgt")["response"]["body"]
+    body = openai_record(request, ok(text="hello"), model="tgt", ids=IDS)["response"]["body"]
     assert body["object"] == "chat.completion"
     assert body["id"].startswith("chatcmpl-")
     assert isinstance(body["created"], int)
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hello", "refusal": None}
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["total_tokens"] == 9
 
 
 def test_openai_failed_and_not_run() -> None:
-    line = openai_record(CHAT, failed(), model="tgt")
+    line = openai_record(CHAT, failed(), model="tgt", ids=IDS)
     assert line["response"] is None
     assert line["error"] == {
         "code": "generation_failed",
         "message": "prompt has 5000 tokens; the target's context is 2048",
     }
-    line = openai_record(CHAT, None, model="tgt")
+    line = openai_record(CHAT, None, model="tgt", ids=IDS, state="queued")
     assert line["response"] is None and line["error"]["code"] == "not_run"
     assert line["custom_id"] == "c1"
+    for state, code in (("cancelled", "batch_cancelled"), ("expired", "batch_expired")):
+        assert openai_record(CHAT, None, model="tgt", ids=IDS, state=state)["error"]["code"] == code
+
+
+def test_a_prompt_past_the_context_is_a_400_as_openai_answers_it() -> None:
+    message = "prompt (5000 tokens) plus max_tokens (16) exceeds the model's context of 2048 tokens"
+    for request, param in ((CHAT, "messages"), (COMPLETION, "prompt")):
+        line = openai_record(request, replace(failed(), error=message), model="tgt", ids=IDS)
+        assert line["error"] is None
+        assert line["response"]["status_code"] == 400
+        assert line["response"]["body"] == {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "context_length_exceeded",
+            }
+        }
+
+
+def test_openai_ids_are_stable_and_distinct() -> None:
+    assert OpenAIIds.derive("job", 3) == OpenAIIds.derive("job", 3)
+    ids = {OpenAIIds.derive(job, seq) for job in ("a", "b") for seq in range(50)}
+    assert len(ids) == 100
+    assert IDS.line.startswith("batch_req_") and len(set(IDS)) == 3
+
+
+def test_openai_bodies_validate_with_the_openai_types() -> None:
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    body = openai_record(COMPLETION, ok(), model="tgt", ids=IDS, created=1)["response"]["body"]
+    assert Completion.model_validate(body).choices[0].text == " return a + b"
+    body = openai_record(CHAT, ok(text="hi"), model="tgt", ids=IDS, created=1)["response"]["body"]
+    assert ChatCompletion.model_validate(body).choices[0].message.content == "hi"
 
 
 NASTY = [

@@ -30,11 +30,12 @@ from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from specq.db.locks import lock_job
 from specq.db.models import Job, Worker
-from specq.db.states import JobState, WorkerState
+from specq.db.states import NOT_CLAIMABLE, JobState, WorkerState
 from specq.db.types import utcnow
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.jobs.expiry import expire_if_due
 from specq.jobs.params import decoding_config, engine_request
 from specq.queue import Chunk
 from specq.worker import faults
@@ -463,7 +464,8 @@ def _claim(ctx: WorkerContext, chunk: Chunk) -> tuple[Job, list[ClaimedRequest]]
         if job is None:
             log.warning("job %s is gone; dropping chunk [%d, %d)", job_id, first, end)
             return None
-        if job.state == JobState.CANCELLED:
+        expire_if_due(session, job)
+        if job.state in NOT_CLAIMABLE:
             return None
         claimed = claim_chunk(session, job_id, first, end, ctx.config.name, ctx.config.queue.lease_s)
         session.expunge(job)

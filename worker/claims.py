@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from specq.db.locks import lock_job
 from specq.db.models import Job, Request
-from specq.db.states import JobState, RequestState, job_sources, request_sources
+from specq.db.states import NOT_CLAIMABLE, JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
 from specq.decoding.types import GenerationResult
 from specq.queue import DEFAULT_MAX_ATTEMPTS, Chunk
@@ -57,10 +57,10 @@ def claim_chunk(
     holds (this worker runs one chunk at a time, so a lease of its own is left from a run that died,
     e.g. a task redelivered after a crash of the process it ran in).
 
-    Under the job's row lock (`db.locks`): a job that is gone or cancelled has nothing to claim.
+    Under the job's row lock (`db.locks`): a job that is gone, cancelled or expired has nothing to claim.
     """
     job = lock_job(session, job_id)
-    if job is None or job.state == JobState.CANCELLED:
+    if job is None or job.state in NOT_CLAIMABLE:
         return []
     now = utcnow()
     stmt = (

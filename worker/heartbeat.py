@@ -24,10 +24,12 @@ from specq.db.models import Worker
 from specq.db.states import WorkerState
 from specq.db.types import utcnow
 from specq.errors import SpecqError
+from specq.jobs.retention import prune, retention_from_env
 from specq.worker.claims import release_claimed, renew_leases, requeue_expired
 from specq.worker.context import WorkerContext
 from specq.worker.recovery import lost_chunks
 
+PRUNE_EVERY_S = 600.0  # retention is in days: a prune every ten minutes per worker is plenty
 log = logging.getLogger(__name__)
 
 
@@ -67,6 +69,8 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specq-heartbeat", daemon=True)
         self._last_sweep = 0.0
+        self._last_prune = 0.0
+        self._retention = retention_from_env()  # a bad SPECQ_RETENTION stops the worker before it serves
         self._redis: Any = None
 
     def start(self) -> None:
@@ -153,8 +157,16 @@ class Heartbeat:
         """Requeue requests of dead workers, and chunks the broker lost; returns the number of chunks
         enqueued again."""
         from specq.jobs.enqueue import enqueue_chunks
+        from specq.jobs.expiry import expire_due_jobs
 
         assert self.broker is not None
+        for job_id in expire_due_jobs(self.ctx.db):
+            log.warning("job %s expired: its completion window ended", job_id)
+        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
+            self._last_prune = time.monotonic()
+            jobs, workers = prune(self.ctx.db, self._retention)
+            if jobs or workers:
+                log.info("retention: deleted %d ended jobs and %d silent workers' rows", jobs, workers)
         with self.ctx.db.session() as session:
             chunks = requeue_expired(session)
             if chunks:

@@ -55,7 +55,7 @@ def _result_row(result: GenerationResult, worker: str) -> dict[str, Any]:
         "seed": result.seed,
         "latency_s": result.latency_s,
         "error": result.error,
-        "logprobs": None if failed else result.logprobs,
+        "logprobs": None if failed or result.logprobs is None else [entry.to_dict() for entry in result.logprobs],
         "worker": worker,
         "created_at": utcnow(),
     }
