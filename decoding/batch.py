@@ -19,7 +19,7 @@ import torch
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.sampling import SamplingTensors
 from specq.decoding.stopping import StopChecker
-from specq.decoding.types import GenerationRequest, TokenLogprob
+from specq.decoding.types import GenerationRequest
 
 if TYPE_CHECKING:
     from specq.decoding.hf_model import Tokenizer
@@ -50,7 +50,48 @@ class Slot:
     started: float
     stops: StopChecker | None
     first_token_at: float | None = None  # perf_counter() when its first output token was kept
-    logprobs: list[TokenLogprob] | None = None  # the kept tokens' log-probabilities, when the request asked
+
+
+@dataclass
+class LogprobBuffers:
+    """The target's log-probabilities of the token at each column of each row, written in the step that
+    emits the token (on the device, no sync) and read once, when the row's request ends."""
+
+    chosen: torch.Tensor  # [rows, capacity] float32: the token's own log-probability
+    top_values: torch.Tensor  # [rows, capacity, top] float32: the `top` likeliest tokens' log-probabilities
+    top_ids: torch.Tensor  # [rows, capacity, top] int64: their ids
+
+    @property
+    def top(self) -> int:
+        return self.top_values.shape[-1]
+
+    @classmethod
+    def grown(
+        cls, old: LogprobBuffers | None, rows: int, capacity: int, top: int, device: torch.device
+    ) -> LogprobBuffers:
+        """Buffers for `top` alternatives, holding what `old` (None: nothing) held."""
+        new = cls(
+            torch.zeros(rows, capacity, device=device),
+            torch.zeros(rows, capacity, top, device=device),
+            torch.zeros(rows, capacity, top, dtype=torch.int64, device=device),
+        )
+        if old is not None:
+            new.chosen.copy_(old.chosen)
+            new.top_values[..., : old.top] = old.top_values
+            new.top_ids[..., : old.top] = old.top_ids
+        return new
+
+    def resized(self, rows: int, capacity: int, keep: torch.Tensor | None) -> LogprobBuffers:
+        """Rows `keep` (None: all) first, then zeroed rows up to `rows`, `capacity` columns each."""
+
+        def fit(t: torch.Tensor) -> torch.Tensor:
+            t = t if keep is None else t.index_select(0, keep)
+            out = t.new_zeros(rows, capacity, *t.shape[2:])
+            width = min(t.shape[1], capacity)
+            out[: t.shape[0], :width] = t[:, :width]
+            return out
+
+        return LogprobBuffers(fit(self.chosen), fit(self.top_values), fit(self.top_ids))
 
 
 @dataclass
@@ -88,7 +129,10 @@ class BatchState:
         self.draft_tokens_h = np.zeros(0, np.int64)
         self.accepted_h = np.zeros(0, np.int64)
         self.has_stops_h = np.zeros(0, bool)
-        self.has_logprobs_h = np.zeros(0, bool)
+        # per row: the alternatives its request wants with log-probabilities; -1: none wanted
+        self.logprobs_h = np.zeros(0, np.int64)
+        # the log-probabilities of the tokens at each column (LogprobBuffers), allocated once a row asks
+        self.logprob_buffers: LogprobBuffers | None = None
         self._aranges = torch.arange(1024, device=device)
 
     @property
@@ -125,10 +169,9 @@ class BatchState:
             params = request.params
             seed = params.seed if params.seed is not None else secrets.randbits(63)
             stops = StopChecker(tokenizer, params.stop) if params.stop else None
-            wants_logprobs = params.logprobs is not None
-            self.slots[row] = Slot(request, seed, now, stops, logprobs=[] if wants_logprobs else None)
+            self.slots[row] = Slot(request, seed, now, stops)
             self.has_stops_h[row] = stops is not None
-            self.has_logprobs_h[row] = wants_logprobs
+            self.logprobs_h[row] = -1 if params.logprobs is None else params.logprobs
 
         prompts = [list(r.prompt_token_ids) for r in requests]
         width = max(len(p) for p in prompts)
@@ -142,6 +185,11 @@ class BatchState:
         self.seq_h[rows_h] = self.prompt_h[rows_h] = lengths_h
         self.max_tokens_h[rows_h] = [r.params.max_tokens for r in requests]
         self.generated_h[rows_h] = self.draft_tokens_h[rows_h] = self.accepted_h[rows_h] = 0
+        top = int(self.logprobs_h.max(initial=-1))
+        if top >= 0 and (self.logprob_buffers is None or self.logprob_buffers.top < top):
+            self.logprob_buffers = LogprobBuffers.grown(
+                self.logprob_buffers, self.rows, self.capacity, top, self.device
+            )
         self._refresh_sampling()
         return Admission(rows=rows_h, rows_t=rows_t, prompt_ids=prompt_ids, prompt_lens=lengths_h)
 
@@ -155,7 +203,7 @@ class BatchState:
         self.seq_lens[rows_t] = 1
         self.seq_h[rows] = 1
         self.has_stops_h[rows] = False
-        self.has_logprobs_h[rows] = False
+        self.logprobs_h[rows] = -1
         if self.proposer is not None:
             self.proposer.release(rows, rows_t)
 
@@ -192,7 +240,9 @@ class BatchState:
         self.max_tokens_h, self.generated_h = host_rows(self.max_tokens_h, 1), host_rows(self.generated_h, 0)
         self.draft_tokens_h, self.accepted_h = host_rows(self.draft_tokens_h, 0), host_rows(self.accepted_h, 0)
         self.has_stops_h = host_rows(self.has_stops_h, 0)
-        self.has_logprobs_h = host_rows(self.has_logprobs_h, 0)
+        self.logprobs_h = host_rows(self.logprobs_h, -1)
+        if self.logprob_buffers is not None:
+            self.logprob_buffers = self.logprob_buffers.resized(rows, capacity, keep_t)
         slots = self.slots if keep is None else [self.slots[i] for i in keep]
         self.slots = slots + [None] * add
         if self.proposer is not None:

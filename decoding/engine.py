@@ -276,8 +276,8 @@ class SpeculativeEngine:
         output_token_ids, _ = self._accept(batch, None, None, logits, None)  # [rows, 1]
         emitting = torch.zeros_like(batch.active)  # [rows]
         emitting[rows_t] = 1
+        self._record_logprobs(batch, logits, output_token_ids)
         report = self._advance(batch, rows, emitting, output_token_ids, None, np.zeros(batch.rows, np.int64))
-        self._record_logprobs(batch, rows, logits, report)
         return list(self._finish(batch, rows, 0, report))
 
     # -- one step: propose, verify, accept, advance, finish -----------------------------------------
@@ -292,8 +292,8 @@ class SpeculativeEngine:
         target_logits = self._verify(batch, draft_token_ids)
         watch.mark()
         output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits, num_draft)
+        self._record_logprobs(batch, target_logits, output_token_ids)
         report = self._advance(batch, live, batch.active, output_token_ids, num_accepted, num_draft_h)
-        self._record_logprobs(batch, live, target_logits, report)
         watch.mark()
         t_draft, t_target, t_rest = watch.seconds()
         if self.max_k:
@@ -441,34 +441,47 @@ class SpeculativeEngine:
             kept=kept, finish=finish, accepted=accepted_h, drafted=num_draft_h, emitted=emitted_h, output_ids=output_h
         )
 
-    def _record_logprobs(
-        self, batch: BatchState, live: np.ndarray, target_logits: torch.Tensor, report: _StepReport
-    ) -> None:
-        """Append each asking row's kept tokens' log-probabilities: the target's raw log-softmax over the
-        logits the step verified with ([rows, k + 1, V]), so they cost no forward of their own. Only rows
-        that asked are read, and the step syncs for them once more; rows that did not ask cost nothing."""
-        asking = live[batch.has_logprobs_h[live] & (report.kept[live] > 0)]
-        if asking.size == 0:
+    def _record_logprobs(self, batch: BatchState, target_logits: torch.Tensor, output_token_ids: torch.Tensor) -> None:
+        """For rows that asked: the target's raw log-probabilities (log_softmax of the logits the step
+        verified with, [rows, k + 1, V]: before temperature, top-k and top-p) of each output token and of
+        the likeliest alternatives, written on the device at the columns the tokens go to; read once, when
+        the row ends (`_token_logprobs`). Tokens past what a row keeps are overwritten later or never read.
+        No host sync (the rows come from the host mirror); rows that did not ask cost nothing."""
+        buffers = batch.logprob_buffers
+        asking = np.flatnonzero(batch.logprobs_h >= 0)
+        if buffers is None or asking.size == 0:
             return
-        slots = [batch.slots[row] for row in asking]
-        width = int(report.kept[asking].max())
-        top_n = max(slot.request.params.logprobs or 0 for slot in slots if slot is not None)
-        rows_t = torch.as_tensor(asking, device=self.device)
-        logprobs = torch.log_softmax(target_logits[rows_t, :width].float(), dim=-1)  # [n, width, V]
-        output_ids = torch.as_tensor(report.output_ids[asking, :width], device=self.device)  # [n, width]
-        chosen = logprobs.gather(2, output_ids.unsqueeze(2)).squeeze(2).cpu().numpy()  # [n, width]
-        top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (logprobs[..., :0], output_ids[..., None, :0])
-        top_values_h, top_ids_h = top_values.cpu().numpy(), top_ids.cpu().numpy()  # [n, width, top_n]
-        for i, (row, slot) in enumerate(zip(asking, slots, strict=True)):
-            assert slot is not None and slot.logprobs is not None
-            wanted = slot.request.params.logprobs or 0
-            for j in range(int(report.kept[row])):
-                token_id = int(report.output_ids[row, j])
-                top = tuple(
-                    (int(top_ids_h[i, j, m]), self._token_text(int(top_ids_h[i, j, m])), float(top_values_h[i, j, m]))
-                    for m in range(wanted)
-                )
-                slot.logprobs.append(TokenLogprob(token_id, self._token_text(token_id), float(chosen[i, j]), top))
+        rows_t = torch.from_numpy(asking).to(self.device)  # [n]
+        width = output_token_ids.shape[1]
+        vocab = self.target_lm.vocab_size  # past it: padding for a larger draft vocabulary
+        logprobs = target_logits.index_select(0, rows_t)[..., :vocab].float().log_softmax(dim=-1)  # [n, k + 1, V]
+        outputs = output_token_ids.index_select(0, rows_t)  # [n, k + 1]
+        chosen = logprobs.gather(-1, outputs.unsqueeze(-1)).squeeze(-1)  # [n, k + 1]
+        columns = batch.seq_lens.index_select(0, rows_t).unsqueeze(1) + batch.arange(width)  # [n, k + 1]
+        row_index = rows_t.unsqueeze(1).expand(-1, width)  # [n, k + 1]
+        buffers.chosen[row_index, columns] = chosen
+        if buffers.top:
+            top_values, top_ids = logprobs.topk(buffers.top, dim=-1)  # [n, k + 1, top]
+            buffers.top_values[row_index, columns] = top_values
+            buffers.top_ids[row_index, columns] = top_ids
+
+    def _token_logprobs(self, batch: BatchState, row: int, start: int, tokens: list[int]) -> list[TokenLogprob]:
+        """A finished row's `tokens` (from column `start`) with their recorded log-probabilities: one read."""
+        buffers = batch.logprob_buffers
+        assert buffers is not None
+        wanted, end = int(batch.logprobs_h[row]), start + len(tokens)
+        chosen = buffers.chosen[row, start:end].cpu().tolist()  # [n]
+        top_values = buffers.top_values[row, start:end, :wanted].cpu().tolist()  # [n, wanted]
+        top_ids = buffers.top_ids[row, start:end, :wanted].cpu().tolist()  # [n, wanted]
+        return [
+            TokenLogprob(
+                token_id,
+                self._token_text(token_id),
+                logprob,
+                tuple((i, self._token_text(i), v) for i, v in zip(ids, values, strict=True)),
+            )
+            for token_id, logprob, ids, values in zip(tokens, chosen, top_ids, top_values, strict=True)
+        ]
 
     def _token_text(self, token_id: int) -> str:
         return decode(self.tokenizer, [token_id])
@@ -516,9 +529,10 @@ class SpeculativeEngine:
             slot = batch.slots[row]
             assert slot is not None
             reason, tokens = finished[row]
+            start = int(batch.prompt_h[row])
             if tokens is None:
-                start = batch.prompt_h[row]
                 tokens = sequence[start : start + batch.generated_h[row]].tolist()
+            wants_logprobs = batch.logprobs_h[row] >= 0
             self.stats.num_generated_tokens += len(tokens)
             yield GenerationResult(
                 key=slot.request.key,
@@ -532,7 +546,8 @@ class SpeculativeEngine:
                 seed=slot.seed,
                 latency_s=now - slot.started,
                 first_token_s=None if slot.first_token_at is None else slot.first_token_at - slot.started,
-                logprobs=None if slot.logprobs is None else slot.logprobs[: len(tokens)],  # a stop string cuts both
+                # a stop string cuts the tokens, and so their log-probabilities
+                logprobs=self._token_logprobs(batch, row, start, tokens) if wants_logprobs else None,
             )
         batch.release(rows)
 

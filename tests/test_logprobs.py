@@ -167,3 +167,29 @@ def test_logprobs_through_a_worker_validate_and_equal_a_forward(
     run_lines = {line["custom_id"]: line for line in map(json.loads, ran.read_text(encoding="utf-8").splitlines())}
     run_logprobs = run_lines["cmpl"]["response"]["body"]["choices"][0]["logprobs"]["token_logprobs"]
     assert run_logprobs == pytest.approx(logprobs.token_logprobs, abs=1e-5)
+
+
+def test_logprobs_survive_row_reuse_compaction_and_a_wider_top(target) -> None:
+    """Rows freed and refilled, the batch compacted, and a later request wanting more alternatives than
+    the buffers held (they grow): each request's log-probabilities are still its own."""
+    prompts = [[5 + i, 9, 11 + i][: 1 + i % 3] for i in range(7)]
+    tops = [None, 0, 2, None, 20, 1, 5]
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=4 + 3 * (i % 3), temperature=0.0, logprobs=top))
+        for i, (p, top) in enumerate(zip(prompts, tops, strict=True))
+    ]
+    engine = SpeculativeEngine(target, IdTokenizer(), None, DecodingConfig(batch_size=2, strict=True))
+    results = {r.key: r for r in engine.generate(requests)}
+    for i, (prompt, top) in enumerate(zip(prompts, tops, strict=True)):
+        result = results[i]
+        if top is None:
+            assert result.logprobs is None
+            continue
+        assert result.logprobs is not None
+        expected = reference(target, prompt, result.token_ids)
+        for position, entry in enumerate(result.logprobs):
+            assert entry.token_id == result.token_ids[position]
+            assert entry.logprob == pytest.approx(float(expected[position, entry.token_id]), abs=1e-4)
+            assert [lp for _, _, lp in entry.top] == pytest.approx(
+                expected[position].topk(top).values.tolist(), abs=1e-4
+            )
