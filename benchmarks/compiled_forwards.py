@@ -1,0 +1,93 @@
+"""Eager against compiled forwards (`--compile`), side by side in one run: each model's whole forward
+at batch 1, and the engine end to end with the draft at batch 1 and 16, interleaved rounds, medians.
+
+    python benchmarks/compiled_forwards.py [--backend inductor] [--rounds 3] [--prompts 16]
+
+Same demo pair, held-out prompts and settings as `specq bench` (greedy, 64 tokens, K = 4, adaptive
+k). The compile (the warm-up of decoding.compiled) is timed apart; a second run in a new process reads
+inductor's cache from specq's data directory and pays much less. Every compiled output is checked
+token for token against eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+    import torch
+
+    from specq.bench.runner import prompt_token_ids
+    from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+    from specq.decoding.compiled import compile_model
+    from specq.models.demo import build_demo_models
+    from specq.models.loading import load_pair
+
+    demo = build_demo_models()
+    pair = load_pair(str(demo.target_dir), str(demo.draft_dir), "cpu", None)
+    eager = {"target": pair.target, "draft": pair.draft}
+    compiled = {}
+    for name, model in eager.items():
+        compiled[name], outcome = compile_model(model, name, "on", backend=args.backend)
+        print(f"compile {name}: {outcome.seconds:.1f}s", flush=True)
+
+    _, prompts = prompt_token_ids(pair.tokenizer, args.prompts, 256)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(prompts)]
+
+    def forward_s(model) -> float:
+        ids = torch.tensor([prompts[0][:64]])
+        with torch.no_grad():
+            started = time.perf_counter()
+            for _ in range(5):
+                model(input_ids=ids)
+        return (time.perf_counter() - started) / 5
+
+    def engine_run(models, batch_size: int) -> tuple[float, dict[int, list[int]]]:
+        config = DecodingConfig(num_speculative_tokens=4, batch_size=batch_size)
+        engine = SpeculativeEngine(models["target"], pair.tokenizer, models["draft"], config)
+        started = time.perf_counter()
+        out = {r.key: r.token_ids for r in engine.generate(requests)}
+        tokens = sum(len(t) for t in out.values())
+        return tokens / (time.perf_counter() - started), out
+
+    rows: dict[str, list[float]] = {}
+    for name in ("draft", "target"):  # warm both paths for the no-cache forward too
+        forward_s(eager[name]), forward_s(compiled[name])
+    for batch_size in (1, 16):
+        engine_run(eager, batch_size), engine_run(compiled, batch_size)
+    for _ in range(args.rounds):
+        for name in ("draft", "target"):
+            rows.setdefault(f"{name} forward b1 (s)", []).append(forward_s(eager[name]))
+            rows.setdefault(f"{name} forward b1 compiled (s)", []).append(forward_s(compiled[name]))
+        for batch_size in (1, 16):
+            rate, reference = engine_run(eager, batch_size)
+            rate_c, out = engine_run(compiled, batch_size)
+            assert out == reference, "compiled output differs from eager"
+            rows.setdefault(f"e2e b{batch_size} tok/s", []).append(rate)
+            rows.setdefault(f"e2e b{batch_size} compiled tok/s", []).append(rate_c)
+    medians = {key: statistics.median(values) for key, values in rows.items()}
+    print("| measure | eager | compiled | compiled / eager speed |")
+    print("| --- | --- | --- | --- |")
+    for name in ("draft", "target"):
+        e, c = medians[f"{name} forward b1 (s)"], medians[f"{name} forward b1 compiled (s)"]
+        print(f"| {name} forward, batch 1, 64 tokens | {e * 1e3:.2f} ms | {c * 1e3:.2f} ms | {e / c:.2f}x |")
+    for batch_size in (1, 16):
+        e, c = medians[f"e2e b{batch_size} tok/s"], medians[f"e2e b{batch_size} compiled tok/s"]
+        print(f"| engine with draft, batch {batch_size} | {e:.1f} tok/s | {c:.1f} tok/s | {c / e:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
