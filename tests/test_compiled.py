@@ -85,3 +85,27 @@ def test_run_with_compile_on_and_a_model_that_cannot_compile_exits_2(tiny_pair, 
     assert not out.exists()
     result = invoke(["run", path, "-o", str(out), "--target", tiny_pair[0], "--compile", "auto"])
     assert result.exit_code == 0, result.output  # auto on CPU: eager, whatever the backend
+
+
+def test_a_job_carries_its_compile_setting_to_the_worker(pg_db_url, tiny_pair, tmp_path, monkeypatch) -> None:
+    """submit stores --compile with the job; the worker's own --compile decides only for `auto`."""
+    from specq.worker.model_cache import ModelCache
+    from tests.services import job_status, services_env
+
+    monkeypatch.setenv("SPECQ_COMPILE_BACKEND", "no-such-backend")
+    assert ModelCache(compile="off").get(tiny_pair[0], None, None, "cpu", "auto").target.__class__.__name__ == (
+        "LlamaForCausalLM"  # eager: not wrapped by torch.compile
+    )
+    with pytest.raises(ModelCompileError):
+        ModelCache(compile="off").get(tiny_pair[0], None, None, "cpu", "on")
+    with pytest.raises(ModelCompileError):
+        ModelCache(compile="on").get(tiny_pair[0], None, None, "cpu", "auto")
+
+    env = services_env(pg_db_url, None, tmp_path / "home", SPECQ_COMPILE_BACKEND="no-such-backend")
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def", "max_tokens": 3}])
+    result = invoke(["submit", path, "--target", tiny_pair[0], "--compile", "on", "--wait"], env)
+    assert result.exit_code == 1, result.output  # runs in-process: the request fails with the reason
+    info = job_status(env, result.stdout.strip())
+    assert (info["state"], info["failed"]) == ("failed", 1)
+    result = invoke(["submit", path, "--target", tiny_pair[0], "--compile", "off", "--wait"], env)
+    assert result.exit_code == 0, result.output
