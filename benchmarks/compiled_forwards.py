@@ -40,7 +40,7 @@ def main() -> None:
     eager = {"target": pair.target, "draft": pair.draft}
     compiled = {}
     for name, model in eager.items():
-        compiled[name], outcome = compile_model(model, name, "on", backend=args.backend)
+        compiled[name], outcome = compile_model(model, name, "on", backend=args.backend)  # type: ignore[arg-type]
         print(f"compile {name}: {outcome.seconds:.1f}s", flush=True)
 
     _, prompts = prompt_token_ids(pair.tokenizer, args.prompts, 256)
