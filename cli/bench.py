@@ -10,12 +10,11 @@ from typing import Any
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import float_range, int_range
+from specq.cli.options import compile_option, float_range, int_range
 from specq.limits import (
     BENCH_DRAFTS,
     BENCH_SPECULATIVE_TOKENS,
     BENCH_WORKLOADS,
-    COMPILE_MODES,
     MAX_TOKENS,
     TEMPERATURE,
 )
@@ -114,13 +113,7 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     help="With --workloads: the contenders (the draft axis): target-only, the draft model, prompt lookup, "
     "the suffix index, and the hybrid of the draft model with the suffix index.",
 )
-@click.option(
-    "--compile",
-    type=click.Choice(COMPILE_MODES),
-    default="off",
-    show_default=True,
-    help="Compiled forwards for every contender (as run/submit --compile; auto: on CUDA only).",
-)
+@compile_option("off", "Compiled forwards for every contender (as run/submit --compile; auto: on CUDA only).")
 @click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), help="Write the full results as JSON here ('-': stdout)."
 )
@@ -171,6 +164,17 @@ def bench(
         "command": command,
         "progress": lambda line: click.echo(line, err=True),
     }
+    # what both benchmarks measure with
+    common: dict[str, Any] = {
+        "num_prompts": num_prompts or 2 * max(batch_sizes),
+        "prompt_chars": prompt_chars,
+        "max_tokens": max_tokens,
+        "num_speculative_tokens": num_speculative_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "warmup": warmup,
+        "repeats": repeats,
+    }
     if workloads:
         _draft_axis(
             target,
@@ -179,30 +183,16 @@ def bench(
             drafts,
             batch_sizes,
             loading,
-            num_prompts=num_prompts or 2 * max(batch_sizes),
-            prompt_chars=prompt_chars,
-            max_tokens=max_tokens,
-            num_speculative_tokens=num_speculative_tokens,
-            temperature=temperature,
-            seed=seed,
-            warmup=warmup,
-            repeats=repeats,
             json_path=json_path,
             markdown_path=markdown_path,
+            **common,
         )
         return
 
     try:
         settings = runner.BenchSettings(
             batch_sizes=batch_sizes,
-            num_prompts=num_prompts or 2 * max(batch_sizes),
-            max_tokens=max_tokens,
-            num_speculative_tokens=num_speculative_tokens,
-            temperature=temperature,
-            warmup=warmup,
-            repeats=repeats,
-            prompt_chars=prompt_chars,
-            seed=seed,
+            **common,
             hf_batched=not skip_hf_batched,
             hf_assisted=not skip_hf_assisted,
             hf_assistant_tokens=hf_assistant_tokens,

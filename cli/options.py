@@ -107,6 +107,12 @@ GENERATION_PARAMS = (
 )
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
+
+def compile_option(default: str, help: str) -> Callable[[F], F]:
+    """`--compile auto|on|off`, as run, submit, worker and bench take it (decoding.compiled)."""
+    return click.option("--compile", type=click.Choice(COMPILE_MODES), default=default, show_default=True, help=help)
+
+
 _OPTIONS = [
     click.option(
         "--target",
@@ -178,13 +184,10 @@ _OPTIONS = [
         help="A Jinja chat template file for chat lines, used instead of the tokenizer's own (needed when it has "
         "none); submit stores it with the job. [default: the target tokenizer's]",
     ),
-    click.option(
-        "--compile",
-        type=click.Choice(COMPILE_MODES),
-        default="auto",
-        show_default=True,
-        help="Compiled forwards (torch.compile, checked against eager at load): auto compiles on CUDA only; on "
-        "fails (exit 2) where a model cannot be compiled; off never compiles.",
+    compile_option(
+        "auto",
+        "Compiled forwards (torch.compile, checked against eager at load): auto compiles on CUDA only; on fails "
+        "(exit 2) where a model cannot be compiled; off never compiles.",
     ),
     click.option(
         "--served-model-name",

@@ -7,8 +7,7 @@ import json
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import broker_option, database_option, patient_reads, specq_errors
-from specq.limits import COMPILE_MODES
+from specq.cli.options import broker_option, compile_option, database_option, patient_reads, specq_errors
 
 DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both sets --metrics-port
 
@@ -32,13 +31,10 @@ DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both
     envvar="SPECQ_METRICS_HOST",
     help="Address the metrics page listens on; 0.0.0.0 in a container, for Prometheus to reach it.",
 )
-@click.option(
-    "--compile",
-    type=click.Choice(COMPILE_MODES),
-    default="auto",
-    show_default=True,
-    help="Compiled forwards for jobs submitted with --compile auto: auto compiles on CUDA only; on fails a job "
-    "whose models cannot be compiled; off never compiles.",
+@compile_option(
+    "auto",
+    "Compiled forwards for jobs submitted with --compile auto: auto compiles on CUDA only; on fails a job whose "
+    "models cannot be compiled; off never compiles.",
 )
 @click.option(
     "--models-cached", type=click.IntRange(min=1), default=1, show_default=True, help="Model pairs kept loaded."
