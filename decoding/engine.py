@@ -227,17 +227,24 @@ class SpeculativeEngine:
         """Put requests into rows and prefill for them; returns the results of requests that ended on their
         first token (target-only decoding emits it at prefill)."""
         admission = batch.admit(requests, self.tokenizer, extra_columns=self.max_k + 1)
-        first_logits = self._prefill(batch, admission)
+        first_logits = self._prefill(batch, admission, [r.prompt_token_ids for r in requests])
         if first_logits is None:
             return []
         return self._emit_first(batch, admission.rows, first_logits)
 
-    def _prefill(self, batch: BatchState, admission: Admission) -> torch.Tensor | None:
+    def _prefill(self, batch: BatchState, admission: Admission, prompts: list[tuple[int, ...]]) -> torch.Tensor | None:
         """Run the target (and the proposer) over all but each prompt's last token, which the first step
         verifies with the first draft tokens. With no proposer (and a model that can return chosen
         positions' logits) the target reads the whole prompt instead, and its logits at each prompt's
-        last token [n, V] are returned for the first output token."""
+        last token [n, V] are returned for the first output token.
+
+        Rows with the same prompt (a line's `n` choices) share the target's prefill: it runs once for
+        the first of them, whose cache columns the others copy."""
         started = time.perf_counter()
+        shared = _shared_prompts(prompts)
+        full = admission
+        if shared is not None:
+            admission = _select(admission, shared.leaders)
         prompt_ids, n = admission.prompt_ids, len(admission.rows)  # [n, width]
         first_logits = None
         if self._emit_at_prefill:
@@ -262,8 +269,16 @@ class SpeculativeEngine:
                 self.target_lm.prefill(batch.target_cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
                 self.stats.target_forwards += 1
             if self.proposer is not None:
-                self.proposer.admit(batch, admission, self.stats)
+                self.proposer.admit(batch, full, self.stats)  # the draft is cheap: every row its own
             self.stats.prefill_tokens += int((admission.prompt_lens - 1).sum())
+        if shared is not None:
+            followers = np.flatnonzero(shared.leaders[shared.inverse] != np.arange(len(full.rows)))  # [f]
+            source = torch.from_numpy(full.rows[shared.leaders[shared.inverse[followers]]]).to(self.device)
+            batch.target_cache.copy_rows(
+                source, full.rows_t[torch.from_numpy(followers).to(self.device)], full.prompt_ids.shape[1]
+            )
+            if first_logits is not None:
+                first_logits = first_logits[torch.from_numpy(shared.inverse).to(self.device)]  # [n, V]
         self.stats.time_prefill_s += time.perf_counter() - started
         return first_logits
 
@@ -560,6 +575,41 @@ class SpeculativeEngine:
             stats.add_time(f"draft@{rows}", t_draft, count=k)
         stats.add_time(f"target:{k + 1}@{rows}", t_target)
         stats.add_time(f"step:{k}@{rows}", t_step)
+
+
+@dataclass(frozen=True)
+class _SharedPrompts:
+    """Admitted rows grouped by prompt: the first row of each prompt (its leader) and each row's group."""
+
+    leaders: np.ndarray  # [u] positions in the admission of each distinct prompt's first row
+    inverse: np.ndarray  # [n] each row's index into `leaders`
+
+
+def _shared_prompts(prompts: list[tuple[int, ...]]) -> _SharedPrompts | None:
+    """The rows that share a prompt with an earlier row, or None when every prompt is distinct."""
+    group_of: dict[tuple[int, ...], int] = {}
+    leaders: list[int] = []
+    inverse = []
+    for position, prompt in enumerate(prompts):
+        group = group_of.get(prompt)
+        if group is None:
+            group = group_of[prompt] = len(leaders)
+            leaders.append(position)
+        inverse.append(group)
+    if len(leaders) == len(prompts):
+        return None
+    return _SharedPrompts(np.array(leaders, np.int64), np.array(inverse, np.int64))
+
+
+def _select(admission: Admission, positions: np.ndarray) -> Admission:
+    """The admission of the rows at `positions` alone."""
+    index = torch.from_numpy(positions).to(admission.rows_t.device)
+    return Admission(
+        rows=admission.rows[positions],
+        rows_t=admission.rows_t[index],
+        prompt_ids=admission.prompt_ids[index],
+        prompt_lens=admission.prompt_lens[positions],
+    )
 
 
 def _check_probs(probs: torch.Tensor) -> None:

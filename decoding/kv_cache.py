@@ -118,6 +118,16 @@ class RaggedKVCache(Cache):
         """The next forward writes row b's token t at `columns[b, t]`; attention reads `kv_length` columns."""
         self.plan = WritePlan(columns=columns, rows=None, kv_length=kv_length)
 
+    def copy_rows(self, source: torch.Tensor, target: torch.Tensor, width: int) -> None:
+        """Rows `target` [m] take the first `width` columns of rows `source` [m]: a prompt prefilled once
+        for several rows (a line's `n` choices)."""
+        for layer in self.layers:
+            assert isinstance(layer, RaggedLayer)
+            if layer.is_initialized:
+                assert layer.keys is not None and layer.values is not None
+                layer.keys[target, :, :width] = layer.keys[source, :, :width]
+                layer.values[target, :, :width] = layer.values[source, :, :width]
+
     def resize(self, num_rows: int, capacity: int, keep_rows: torch.Tensor | None = None) -> None:
         for layer in self.layers:
             assert isinstance(layer, RaggedLayer)

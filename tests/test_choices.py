@@ -105,3 +105,31 @@ def test_a_job_with_n_exports_one_line_with_its_choices(pg_db_url, tiny_pair, tm
     run_lines = {line["custom_id"]: line for line in read_lines(ran)}
     assert [c["text"] for c in run_lines["seeded"]["response"]["body"]["choices"]] == texts
     assert len(run_lines["chat"]["response"]["body"]["choices"]) == 2
+
+
+def test_rows_with_one_prompt_share_the_targets_prefill() -> None:
+    """A line's choices are rows with one prompt: the target reads it once, the other rows copy its cache
+    columns, and each row decodes what it decodes alone."""
+    from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+    from tests.tiny_models import IdTokenizer, noisy_copy, tiny_llama
+
+    target = tiny_llama(vocab=64, seed=3, sharpness=2.0)
+    prompt, other = (5, 9, 3, 12, 7, 22, 30), (4, 8, 13)
+    prompts = [prompt, prompt, other, prompt]
+    for draft in (None, noisy_copy(target, scale=0.05)):
+        config = DecodingConfig(num_speculative_tokens=3, batch_size=4, sampling="reproducible", strict=True)
+        params = [SamplingParams(max_tokens=10, temperature=1.0, seed=i, logprobs=2) for i in range(4)]
+        requests = [GenerationRequest(i, p, q) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
+        engine = SpeculativeEngine(target, IdTokenizer(), draft, config)
+        together = {r.key: r for r in engine.generate(requests)}
+        # each prompt once: all of it when target-only decoding emits at prefill, else all but its last token
+        read = len(prompt) + len(other) - (0 if draft is None else 2)
+        assert engine.stats.prefill_tokens == read
+        for request in requests:
+            alone = next(iter(SpeculativeEngine(target, IdTokenizer(), draft, config).generate([request])))
+            assert together[request.key].token_ids == alone.token_ids
+            mine_all, theirs_all = together[request.key].logprobs, alone.logprobs
+            assert mine_all is not None and theirs_all is not None
+            for mine, theirs in zip(mine_all, theirs_all, strict=True):
+                assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
+        assert len({tuple(together[i].token_ids) for i in (0, 1, 3)}) > 1  # the seeds still differ
