@@ -137,7 +137,7 @@ _OPTIONS = [
         "--num-speculative-tokens",
         "-k",
         type=int_range(NUM_SPECULATIVE_TOKENS),
-        help="K: the most draft tokens a step may propose. [default: 4]",
+        help="K: the most draft tokens a step may propose. [default: 4; 8 with a model-free proposer]",
     ),
     click.option(
         "--fixed-k",

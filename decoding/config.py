@@ -11,9 +11,16 @@ SamplingMode = Literal["exact", "reproducible"]  # specq.limits.SAMPLING_MODES
 ModelFree = Literal["ngram", "suffix"]  # specq.limits.MODEL_FREE
 
 
+# K when none is given: a draft model's proposals cost a forward each, so 4; a looked-up proposal costs
+# none, and a long match pays up to the verify width (prompt lookup on the grounded workload at batch 1:
+# 8 gave 1.2x the tokens/s of 4, docs/benchmarks.md)
+DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 8
+
+
 @dataclass(frozen=True)
 class DecodingConfig:
-    num_speculative_tokens: int = 4  # K: the most draft tokens a step may propose
+    # K: the most draft tokens a step may propose; None: DRAFT_MODEL_ or MODEL_FREE_SPECULATIVE_TOKENS
+    num_speculative_tokens: int = None  # type: ignore[assignment]  # resolved to an int in __post_init__
     fixed_k: bool = False  # False: pick k <= K each step from measured step times and acceptance
     batch_size: int = 8  # sequences decoded together; free slots are refilled from the waiting requests
     strict: bool = False  # costly invariant checks (probabilities sum to 1, shapes); tests switch it on
@@ -27,6 +34,9 @@ class DecodingConfig:
     model_free: ModelFree | None = None
 
     def __post_init__(self) -> None:
+        if self.num_speculative_tokens is None:
+            default = DRAFT_MODEL_SPECULATIVE_TOKENS if self.model_free is None else MODEL_FREE_SPECULATIVE_TOKENS
+            object.__setattr__(self, "num_speculative_tokens", default)
         NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
         BATCH_SIZE.check("batch_size", self.batch_size)
         if self.probe_interval < 2:

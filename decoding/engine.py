@@ -18,10 +18,10 @@ One step, for every sequence (row) of the batch at once:
               string (decoding/stopping.py); their results are yielded and their rows freed.
 
 k is chosen per step by `SpeculationPolicy` (decoding/k_policy.py) from measured step times (k = 0 is
-plain decoding, the only mode without a proposer; there the prefill reads the whole prompt and emits
-the first token itself, where with a proposer the last prompt token is verified together with the
-first draft tokens). Free rows are refilled from the waiting requests; once none are left the batch is
-compacted so finished rows stop costing compute (decoding/batch.py).
+plain decoding, the only mode without a proposer). The prefill reads the whole prompt and emits the
+first token itself, so no step is spent on it: with short completions (labels, 20-token answers) that
+step would be a large share of the work. Free rows are refilled from the waiting requests; once none
+are left the batch is compacted so finished rows stop costing compute (decoding/batch.py).
 
 Invariants at the start of a step, per row: the sequence (prompt and generated tokens) is
 `token_ids[:seq_len]`; the target cache holds its first `seq_len - 1` tokens (the last one is the
@@ -140,7 +140,7 @@ class SpeculativeEngine:
         self.suffix_index = suffix_index if model_free == "suffix" else None
         self.proposer = self._proposer(draft_lm, model_free)
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
-        self._emit_at_prefill = self.proposer is None and self.target_lm.keeps_logits
+        self._emit_at_prefill = self.target_lm.keeps_logits
 
     def _proposer(self, draft_lm: RaggedLM | None, model_free: str | None) -> Proposer | None:
         draft = (
@@ -225,7 +225,7 @@ class SpeculativeEngine:
     # -- admission ----------------------------------------------------------------------------------
     def _admit(self, batch: BatchState, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Put requests into rows and prefill for them; returns the results of requests that ended on their
-        first token (target-only decoding emits it at prefill)."""
+        first token (emitted at prefill)."""
         admission = batch.admit(requests, self.tokenizer, extra_columns=self.max_k + 1)
         first_logits = self._prefill(batch, admission, [r.prompt_token_ids for r in requests])
         if first_logits is None:
@@ -233,10 +233,11 @@ class SpeculativeEngine:
         return self._emit_first(batch, admission.rows, first_logits)
 
     def _prefill(self, batch: BatchState, admission: Admission, prompts: list[tuple[int, ...]]) -> torch.Tensor | None:
-        """Run the target (and the proposer) over all but each prompt's last token, which the first step
-        verifies with the first draft tokens. With no proposer (and a model that can return chosen
-        positions' logits) the target reads the whole prompt instead, and its logits at each prompt's
-        last token [n, V] are returned for the first output token.
+        """Run the target over each whole prompt and return its logits at each prompt's last token [n, V],
+        for the first output token; then the proposer reads the prompts (a draft model all but their last
+        token, which it catches up on in its first proposal). A model that cannot return chosen
+        positions' logits alone reads all but the last token instead (None returned), and the first step
+        verifies that token with the first draft tokens.
 
         Rows with the same prompt (a line's `n` choices) share the target's prefill: it runs once for
         the first of them, whose cache columns the others copy."""
@@ -268,9 +269,9 @@ class SpeculativeEngine:
                 inputs = prompt_ids[:, : width - 1]  # [n, width - 1]
                 self.target_lm.prefill(batch.target_cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
                 self.stats.target_forwards += 1
-            if self.proposer is not None:
-                self.proposer.admit(batch, full, self.stats)  # the draft is cheap: every row its own
             self.stats.prefill_tokens += int((admission.prompt_lens - 1).sum())
+        if self.proposer is not None:
+            self.proposer.admit(batch, full, self.stats)  # the draft is cheap: every row its own
         if shared is not None:
             followers = np.flatnonzero(shared.leaders[shared.inverse] != np.arange(len(full.rows)))  # [f]
             source = torch.from_numpy(full.rows[shared.leaders[shared.inverse[followers]]]).to(self.device)
@@ -283,8 +284,8 @@ class SpeculativeEngine:
         return first_logits
 
     def _emit_first(self, batch: BatchState, rows: np.ndarray, first_logits: torch.Tensor) -> list[GenerationResult]:
-        """Append each new row's first token, from the prefill's last logits [n, V]: with no draft to verify
-        alongside it, feeding the last prompt token again in a step of its own would cost a forward."""
+        """Append each new row's first token, from the prefill's last logits [n, V]: feeding the last
+        prompt token again in a step of its own would cost a forward."""
         rows_t = torch.as_tensor(rows, device=self.device)  # [n]
         logits = first_logits.new_zeros(batch.rows, 1, first_logits.shape[-1])  # [rows, 1, V]
         logits[rows_t, 0] = first_logits
@@ -297,11 +298,12 @@ class SpeculativeEngine:
 
     # -- one step: propose, verify, accept, advance, finish -----------------------------------------
     def _step(self, batch: BatchState) -> Iterator[GenerationResult]:
+        watch = _Stopwatch(self.device)  # from the offers on: a model-free proposer's lookups are part of a step
         live = batch.live_rows()
         k, num_draft_h, sources_h = self._choose_k(batch, live)
         # uploaded before any work of the step is queued, so the copy waits for nothing
         num_draft = torch.from_numpy(num_draft_h).to(self.device) if k else None  # [rows]
-        watch = _Stopwatch(self.device)
+        watch.mark()
         draft_token_ids, draft_probs = self._propose(batch, k, num_draft_h)
         watch.mark()
         target_logits = self._verify(batch, draft_token_ids)
@@ -310,10 +312,12 @@ class SpeculativeEngine:
         self._record_logprobs(batch, target_logits, output_token_ids)
         report = self._advance(batch, live, batch.active, output_token_ids, num_accepted, num_draft_h)
         watch.mark()
-        t_draft, t_target, t_rest = watch.seconds()
+        t_offer, t_draft, t_target, t_rest = watch.seconds()
+        t_step = t_offer + t_draft + t_target + t_rest
         if self.max_k:
-            self.policy.observe_step(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
-        self._record(batch.rows, k, t_draft, t_target, t_draft + t_target + t_rest)
+            draft_model = bool((sources_h[num_draft_h > 0] == DRAFT_MODEL).any())
+            self.policy.observe_step(batch.rows, k, t_draft, t_target, t_step, draft_model=draft_model)
+        self._record(batch.rows, k, t_draft, t_target, t_step)
         self.stats.num_steps += 1
         yield from self._finish(batch, live, k, report, sources_h)
 

@@ -16,8 +16,15 @@ without that, an early run of small k would keep the deep positions unmeasured a
 
 Times are medians of the last few steps of each kind, per batch size (rows): a step slowed by a
 garbage collection or a neighbouring process must not move the choice for dozens of steps.
-Unmeasured target widths are interpolated between measured ones. Every `probe_interval` steps a
-neighbouring k is tried, and every fourth probe the full K, so estimates never go stale.
+Unmeasured target widths are interpolated between measured ones; a row count not measured at some
+width borrows the shape of the nearest row count's curve (what width w costs relative to a width it
+measured), so a batch that shrinks row by row at the end of a job needs no new warm-up steps, and the
+steps it does take measure its own times. Draft forwards are timed only on steps where the draft
+model ran (a looked-up proposal costs no forward; its host time is part of the step's overhead).
+
+Every `probe_interval` steps a neighbouring k is tried, and every fourth probe the full K, so estimates
+never go stale; while probes leave the choice where it was, the interval doubles (up to
+`_MAX_PROBE_BACKOFF` times), so a batch where speculation does not pay stops paying for the reminder.
 
 Rows need not offer the same number of draft tokens: a model-free proposer offers, per row, only what
 its match supports (none without a match). The verify pass is as wide as the widest row, so k then
@@ -28,7 +35,6 @@ prompt lookup, the suffix index): k = 0 wherever a few rows' matches do not pay 
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections import defaultdict, deque
 from collections.abc import Mapping
@@ -41,6 +47,15 @@ _T = TypeVar("_T")
 _WINDOW = 15  # steps a timing median covers
 _ACCEPT_DECAY = 0.995  # acceptance counts fade so the estimate follows the prompt mix
 _SHRINK = 4.0  # pseudo-observations of the pooled acceptance added to every position
+# Acceptance before any is measured. A looked-up proposal starts optimistic: a span that recurred is
+# usually what comes next (prompt lookup on the grounded workload: 0.98), and the hybrid must try it to
+# measure it at all; a draft model's prior is neutral. Two pseudo-observations: data overrides either.
+_DRAFT_MODEL_PRIOR, _LOOKED_UP_PRIOR = 0.5, 0.9
+_MAX_PROBE_BACKOFF = 8  # the probe interval grows to at most this many times probe_interval
+# Speculate only where the estimate promises at least this much over a plain step: on a compute-bound
+# batch a narrow verify pays a few per cent at best, inside the error of the estimates (one engine's
+# median step times differ from the next one's by a few per cent on the 2-core CPU)
+_MIN_GAIN = 1.05
 
 
 class _Timing:
@@ -58,9 +73,14 @@ class _Timing:
 class _Acceptance:
     """Per-position acceptance of one proposer, (decayed) counts."""
 
-    def __init__(self, positions: int) -> None:
+    def __init__(self, positions: int, prior: float) -> None:
+        self.prior = prior
         self.reached = np.zeros(positions)  # [K] (decayed) rows whose draft got to position j
         self.accepted = np.zeros(positions)  # [K] (decayed) rows whose draft token j was accepted
+
+    def fade(self) -> None:
+        self.reached *= _ACCEPT_DECAY
+        self.accepted *= _ACCEPT_DECAY
 
     def observe(self, num_accepted: np.ndarray, num_draft: np.ndarray) -> None:
         k = int(num_draft.max()) if num_draft.size else 0
@@ -70,14 +90,12 @@ class _Acceptance:
         offered = num_draft[:, None] > positions  # [rows, k]
         reached = ((num_accepted[:, None] >= positions) & offered).sum(axis=0)  # rows that got to position j
         accepted = (num_accepted[:, None] > positions).sum(axis=0)
-        self.reached *= _ACCEPT_DECAY
-        self.accepted *= _ACCEPT_DECAY
         self.reached[:k] += reached
         self.accepted[:k] += accepted
 
     def curve(self) -> np.ndarray:
-        """[K] alpha_j, each shrunk towards the pooled acceptance (itself starting from a prior of 0.5)."""
-        pooled = (self.accepted.sum() + 1.0) / (self.reached.sum() + 2.0)
+        """[K] alpha_j, each shrunk towards the pooled acceptance (itself starting from `prior`)."""
+        pooled = (self.accepted.sum() + 2.0 * self.prior) / (self.reached.sum() + 2.0)
         return (self.accepted + _SHRINK * pooled) / (self.reached + _SHRINK)
 
 
@@ -89,23 +107,41 @@ class SpeculationPolicy:
         self.steps = 0
         self.t_draft: dict[int, _Timing] = defaultdict(_Timing)  # rows -> one draft forward
         self.t_target: dict[int, dict[int, _Timing]] = defaultdict(lambda: defaultdict(_Timing))  # rows -> width
-        self.t_overhead: dict[int, _Timing] = defaultdict(_Timing)  # rows -> rest of a step
+        # rows -> the rest of a step (offers, acceptance, bookkeeping), plain and speculative apart: a
+        # speculative step's host work is a few per cent of a compute-bound batch's step, as much as the
+        # margin by which a narrow verify pays there
+        self.t_overhead: dict[bool, dict[int, _Timing]] = {False: defaultdict(_Timing), True: defaultdict(_Timing)}
         self._positions = max(max_k, 1)
         # proposer (decoding.stats.PROPOSERS index) -> its acceptance; the draft model's is 0
         self._acceptance: dict[int, _Acceptance] = {}
+        self._next_probe = probe_interval
+        self._probe_gap = probe_interval
+        self._probes = 0
+        self._best_at_last_probe: int | None = None
 
     # -- observations -------------------------------------------------------------------------------
-    def observe_step(self, rows: int, k: int, t_draft: float, t_target: float, t_total: float) -> None:
-        if k:
+    def observe_step(
+        self, rows: int, k: int, t_draft: float, t_target: float, t_total: float, *, draft_model: bool = True
+    ) -> None:
+        """One step's times: `t_draft` of proposing k tokens (`draft_model`: by the draft model's k
+        forwards; else looked up, counted as overhead), `t_target` of verifying k + 1 per row."""
+        drafted = draft_model and k > 0
+        if drafted:
             self.t_draft[rows].add(t_draft / k)
         self.t_target[rows][k + 1].add(t_target)
-        self.t_overhead[rows].add(max(t_total - t_draft - t_target, 0.0))
+        self.t_overhead[k > 0][rows].add(max(t_total - t_target - (t_draft if drafted else 0.0), 0.0))
 
     def observe_acceptance(
         self, num_accepted: np.ndarray, num_draft: np.ndarray, sources: np.ndarray | None = None
     ) -> None:
         """num_accepted, num_draft: [rows] draft tokens each row accepted and was offered this step;
-        sources: [rows] the proposer each row drew from (None: all the draft model)."""
+        sources: [rows] the proposer each row drew from (None: all the draft model).
+
+        Every proposer's counts fade each speculative step, the unused ones' too: a proposer that lost
+        a few early proposals and was then never chosen drifts back to its prior and is tried again,
+        instead of being locked out by a handful of observations for the rest of the job."""
+        for curve in self._acceptance.values():
+            curve.fade()
         if sources is None:
             self._curve_of(0).observe(num_accepted, num_draft)
             return
@@ -115,30 +151,53 @@ class SpeculationPolicy:
 
     def _curve_of(self, source: int) -> _Acceptance:
         if source not in self._acceptance:
-            self._acceptance[source] = _Acceptance(self._positions)
+            prior = _DRAFT_MODEL_PRIOR if source == 0 else _LOOKED_UP_PRIOR
+            self._acceptance[source] = _Acceptance(self._positions, prior)
         return self._acceptance[source]
 
     # -- decision -----------------------------------------------------------------------------------
     def acceptance(self, source: int = 0) -> np.ndarray:
-        """[K] alpha_j of proposer `source`, each shrunk towards its pooled acceptance (prior 0.5)."""
+        """[K] alpha_j of proposer `source`, shrunk towards its pooled acceptance (before any: its prior)."""
         return self._curve_of(source).curve()
 
     def expected_tokens(self, k: int, source: int = 0) -> float:
         return 1.0 + float(np.cumprod(self.acceptance(source)[:k]).sum()) if k else 1.0
 
-    def step_time(self, rows: int, k: int) -> float | None:
-        draft = _nearest(self.t_draft, rows)
-        targets = _nearest(self.t_target, rows)
-        if targets is None or (k and _value(draft) is None):
-            return None
-        measured = {w: t.value for w, t in targets.items() if t.value is not None}
-        if not measured:
-            return None
-        return (
-            (_value(_nearest(self.t_overhead, rows)) or 0.0)
-            + k * (_value(draft) or 0.0)
-            + _interpolate(measured, k + 1)
-        )
+    def step_times(self, rows: int, top: int, *, draft_model: bool = True) -> np.ndarray:
+        """[top + 1] estimated seconds of a step of `rows` rows verifying k + 1 tokens each, k = 0..top
+        (inf where not measured yet). Every step computes it: numpy over the few measured widths."""
+        widths = np.arange(1, top + 2)
+        target = self._target_times(rows, widths)
+        if target is None:
+            return np.full(top + 1, np.inf)
+        draft: float | None = 0.0
+        if draft_model:
+            draft = _value(_nearest(self._measured_drafts(), rows))
+        if draft is None:
+            return np.concatenate([target[:1], np.full(top, np.inf)])
+        overheads = [_value(_nearest(self.t_overhead[speculative], rows)) for speculative in (False, True)]
+        plain = overheads[0] or 0.0
+        speculative = overheads[1] if overheads[1] is not None else plain
+        overhead = np.where(widths > 1, speculative, plain)
+        return overhead + (widths - 1) * draft + target
+
+    def _target_times(self, rows: int, widths: np.ndarray) -> np.ndarray | None:
+        own = _measured(self.t_target.get(rows, {}))
+        curves = {r: m for r, m in ((r, _measured(t)) for r, t in self.t_target.items()) if len(m) >= 2}
+        shape = _nearest(curves, rows)
+        if shape is None:
+            return _interpolate(own, widths) if own else None
+        if not own:
+            return _interpolate(shape, widths)
+        measured = np.array(sorted(own))
+        # outside its own measured widths, a row count scales its nearest measurement by the shape
+        anchors = measured[np.abs(measured[None, :] - widths[:, None]).argmin(axis=1)]  # [widths]
+        borrowed = np.array([own[a] for a in anchors]) * _interpolate(shape, widths) / _interpolate(shape, anchors)
+        inside = (widths >= measured[0]) & (widths <= measured[-1])
+        return np.where(inside, _interpolate(own, widths), borrowed)
+
+    def _measured_drafts(self) -> dict[int, _Timing]:
+        return {r: t for r, t in self.t_draft.items() if t.value is not None}
 
     def choose(self, rows: int, limit: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None) -> int:
         """The k for the next step of a batch of `rows`; `limit` caps it (context, tokens left). `offers`:
@@ -148,21 +207,39 @@ class SpeculationPolicy:
         top = min(self.max_k, limit)
         if self.fixed or top <= 0:
             return max(top, 0)
-        measured = self.t_target.get(rows, {})
-        # Warm-up: measure the two ends first, so every k in between has an interpolated cost.
-        for width in (top + 1, 1):
-            if width not in measured or measured[width].value is None:
-                return width - 1
+        # Warm-up: measure the two ends first, so every k in between has an interpolated cost (later
+        # row counts borrow the curve's shape); and the draft model's forward once it is to run.
+        if not any(len(_measured(widths)) >= 2 for widths in self.t_target.values()):
+            return 0 if top + 1 in _measured(self.t_target.get(rows, {})) else top
+        if _uses_draft_model(offers, sources) and not self._measured_drafts():
+            return top
+        best, _ = self.best(rows, top, offers, sources)
+        if self.steps < self._next_probe:
+            return best
+        self._probes += 1
+        unchanged = best == self._best_at_last_probe
+        self._best_at_last_probe = best
+        self._probe_gap = (
+            min(self._probe_gap * 2, self.probe_interval * _MAX_PROBE_BACKOFF) if unchanged else self.probe_interval
+        )
+        self._next_probe = self.steps + self._probe_gap
+        if self._probes % 4 == 0:
+            return top
+        # Alternate probing above and below the current best.
+        return min(best + 1, top) if self._probes % 2 == 0 or best == 0 else best - 1
+
+    def best(
+        self, rows: int, top: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None
+    ) -> tuple[int, float]:
+        """The k in [0, top] of the most expected tokens per second, and that rate (0 where no step time
+        is known yet); no side effects."""
+        draft_model = _uses_draft_model(offers, sources)
         expected = self._expected_batch_tokens(top, offers, sources)  # [top + 1]
-        seconds = np.array([self.step_time(rows, k) or np.inf for k in range(top + 1)])
-        best = int(np.argmax(expected / seconds))
-        if self.steps % self.probe_interval == 0:
-            probe = self.steps // self.probe_interval
-            if probe % 4 == 0:
-                return top
-            # Alternate probing above and below the current best.
-            best = min(best + 1, top) if probe % 2 == 0 or best == 0 else best - 1
-        return best
+        rates = expected / self.step_times(rows, top, draft_model=draft_model)
+        best = int(np.argmax(rates))
+        if rates[best] < _MIN_GAIN * rates[0]:
+            best = 0
+        return best, float(rates[best])
 
     def _expected_batch_tokens(self, top: int, offers: np.ndarray | None, sources: np.ndarray | None) -> np.ndarray:
         """[top + 1] expected tokens the step yields at k = 0..top (per row when every row offers `top`)."""
@@ -179,6 +256,14 @@ class SpeculationPolicy:
         return total
 
 
+def _uses_draft_model(offers: np.ndarray | None, sources: np.ndarray | None) -> bool:
+    """Whether a step with these offers runs the draft model (DRAFT_MODEL is proposer 0)."""
+    if sources is None:
+        return True
+    offering = sources if offers is None else sources[offers > 0]
+    return bool((offering == 0).any())
+
+
 def _value(timing: _Timing | None) -> float | None:
     return None if timing is None else timing.value
 
@@ -191,14 +276,11 @@ def _nearest(table: Mapping[int, _T], rows: int) -> _T | None:
     return table[min(table, key=lambda r: abs(r - rows))]
 
 
-def _interpolate(points: dict[int, float], width: int) -> float:
+def _measured(widths: Mapping[int, _Timing]) -> dict[int, float]:
+    return {w: t.value for w, t in widths.items() if t.value is not None}
+
+
+def _interpolate(points: dict[int, float], widths: np.ndarray) -> np.ndarray:
     """Piecewise-linear in the target's width (tokens per row); flat outside the measured range."""
-    widths = sorted(points)
-    if width <= widths[0]:
-        return points[widths[0]]
-    if width >= widths[-1]:
-        return points[widths[-1]]
-    i = bisect.bisect_left(widths, width)
-    lo, hi = widths[i - 1], widths[i]
-    frac = (width - lo) / (hi - lo)
-    return points[lo] * (1 - frac) + points[hi] * frac
+    measured = sorted(points)
+    return np.interp(widths, measured, [points[w] for w in measured])

@@ -5,10 +5,13 @@
   `SuffixIndex`, the most frequent continuation in the job's prompts and finished outputs
   (decoding/suffix_index.py; SuffixDecoding, Oliaro et al. 2025), whichever is longer. A row without
   a match offers nothing and costs only its verified token.
-- `HybridProposer`: a draft model and a model-free proposer within ONE verify pass; each row takes
-  the model-free proposal when its measured acceptance says it yields at least as many tokens as the
-  draft model would, else the draft model's. A step where no row wants the draft model runs no draft
-  forward at all.
+- `HybridProposer`: a draft model and a model-free proposer within ONE verify pass. Each step weighs
+  two plans by the policy's expected tokens per second (decoding/k_policy.py), which prices the draft
+  model's forwards and the verify width: (a) rows with a match take it where its measured acceptance
+  says it yields at least as many tokens as the draft model would, the other rows the draft model's
+  proposal; (b) looked-up proposals alone, with no draft forward at all (rows without a match verify
+  only their one token). So a long confident match is not slowed by the draft forwards that the rest
+  of the batch would need only where those forwards earn less than they cost.
 
 A looked-up token is a point mass: its draft probability is one-hot, so modified rejection sampling
 accepts it with probability target_probs[token] and, on rejection, samples the recovered token from
@@ -156,8 +159,21 @@ class HybridProposer:
             # expected tokens a row gains: what the measured acceptance of each proposer says
             if self.policy.expected_tokens(length, source) >= self.policy.expected_tokens(int(lengths[row])):
                 lengths[row], sources[row] = length, source
-        self._sources = sources
-        return Offer(lengths, sources)
+        mixed = Offer(lengths, sources)
+        if (sources[live] == DRAFT_MODEL).any() and self._looked_up_alone_pays(batch, live, mixed, looked_up):
+            mixed = looked_up
+        self._sources = mixed.sources
+        return mixed
+
+    def _looked_up_alone_pays(self, batch: BatchState, live: np.ndarray, mixed: Offer, looked_up: Offer) -> bool:
+        """Whether looked-up proposals alone (no draft forward) promise more tokens per second than the
+        mix with the draft model; False while either plan's cost is not yet measured."""
+        top = int(max(mixed.lengths[live].max(), looked_up.lengths[live].max()))
+        if top == 0 or not looked_up.lengths[live].any():
+            return False
+        _, with_draft = self.policy.best(batch.rows, top, mixed.lengths[live], mixed.sources[live])
+        _, without = self.policy.best(batch.rows, top, looked_up.lengths[live], looked_up.sources[live])
+        return with_draft > 0 and without > with_draft
 
     def propose(
         self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats

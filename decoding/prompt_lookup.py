@@ -1,7 +1,10 @@
 """Prompt lookup (Saxena 2023, "prompt lookup decoding"; vLLM's `ngram` method), one row at a time.
 
 The row's longest suffix of `min_match..max_match` tokens that occurred earlier in the row (prompt
-and output so far) proposes the tokens that followed its most recent earlier occurrence. Lookups are
+and output so far) proposes the tokens that followed its most recent earlier occurrence. Where that
+copy reaches the end of the sequence, it goes on copying what it just proposed (an overlapping copy,
+as LZ77 decodes one): a row repeating a period of p tokens matches p tokens back, and would otherwise
+be offered only p tokens a step however long the repetition runs. Lookups are
 O(max_match) dictionary probes: each n-gram's latest end is recorded as tokens arrive, instead of
 rescanning the sequence every step.
 """
@@ -38,5 +41,9 @@ class RowLookup:
         for n in range(min(self.max_match, len(tokens)), self.min_match - 1, -1):
             start = self.continuation_at.get(tuple(tokens[len(tokens) - n :]))
             if start is not None:
-                return tokens[start : start + limit], n
+                proposal = tokens[start : start + limit]
+                period = len(tokens) - start  # the copy's distance back: past the end it repeats itself
+                while len(proposal) < limit:
+                    proposal.append(proposal[len(proposal) - period])
+                return proposal, n
         return [], 0

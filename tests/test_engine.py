@@ -23,7 +23,7 @@ def draft(target):
 
 @pytest.fixture(params=["draft", "no draft"])
 def any_draft(request, draft):
-    """The draft, then none: without one the engine emits each request's first token at prefill."""
+    """The draft, then none."""
     return draft if request.param == "draft" else None
 
 
@@ -57,6 +57,15 @@ def test_greedy_speculative_equals_target_greedy(target, draft, prompts, k, batc
         assert results[i].token_ids == reference_greedy(target, prompt, 24), f"prompt {i}"
     # the draft is neither useless nor perfect here, so per-row rollbacks were exercised
     assert 0.15 < engine.stats.acceptance_rate < 0.98
+
+
+@pytest.mark.parametrize("model_free", [None, "ngram"])
+def test_the_first_token_comes_from_the_prefill_not_a_step(target, any_draft, prompts, model_free):
+    # short completions (labels) would otherwise spend a whole verify step on their first token
+    results, engine = _run(target, any_draft, _greedy_requests(prompts, max_tokens=1), model_free=model_free)
+    assert engine.stats.num_steps == 0
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 1)
 
 
 def test_greedy_with_adaptive_k_equals_target_greedy(target, draft, prompts):

@@ -102,3 +102,47 @@ def test_acceptance_is_measured_per_proposer():
     for _ in range(50):
         policy.observe_acceptance(np.array([4, 0]), np.array([4, 4]), np.array([1, 0]))
     assert policy.acceptance(1).min() > 0.9 and policy.acceptance(0).max() < 0.1
+
+
+def test_a_shrinking_batch_borrows_its_neighbours_curve_instead_of_warming_up_again():
+    # measured at 16 rows, compute-bound: speculation does not pay; at 15, 14, ... rows (a job's tail,
+    # compacted row by row) the policy must not spend a full-width warm-up step on every new row count
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    _measured(policy, 16, lambda width: 0.010 * width)
+    for _ in range(50):
+        policy.observe_acceptance(np.full(16, 1), np.full(16, 4))
+    assert [policy.choose(rows, 4) for rows in range(15, 0, -1)] == [0] * 15
+
+
+def test_probes_back_off_while_they_change_nothing():
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    chosen = _drive(policy, rows=16, t_draft=0.002, t_target=lambda n: 0.010 * n, acceptance=0.6, steps=1000)
+    # without the back-off: a probe every 16 steps, ~56 of them after the first 100
+    assert np.count_nonzero(chosen[100:]) <= 12
+
+
+def test_a_looked_up_proposal_is_not_charged_for_draft_forwards():
+    # the draft model's forwards cost as much as the verify: a draft proposal does not pay, a looked-up
+    # one, with the same acceptance and free to make, does
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    for width in range(1, 6):
+        for _ in range(3):
+            policy.observe_step(1, width - 1, 0.010 * (width - 1), 0.010 + 0.001 * width, 0.011 * width)
+    for source in (0, 1):
+        for _ in range(50):
+            policy.observe_acceptance(np.array([2]), np.array([4]), np.array([source]))
+    offers = np.array([4])
+    assert policy.best(1, 4, offers, np.array([0]))[0] == 0
+    assert policy.best(1, 4, offers, np.array([1]))[0] > 0
+
+
+def test_a_proposer_locked_out_by_bad_luck_is_tried_again():
+    # the suffix index's first proposals were rejected, so the hybrid stopped choosing it: its estimate
+    # must drift back towards its prior as the steps go by, or it would never be measured again
+    policy = SpeculationPolicy(4, fixed=False)
+    for _ in range(5):
+        policy.observe_acceptance(np.array([0]), np.array([4]), np.array([2]))
+    assert policy.acceptance(2).mean() < 0.3
+    for _ in range(400):
+        policy.observe_acceptance(np.array([2]), np.array([4]), np.array([0]))
+    assert policy.acceptance(2).mean() > 0.6

@@ -10,13 +10,19 @@ the test's power shown on wrong samplers fed the same point masses).
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding import engine as decoding_engine
 from specq.decoding import sampling as decoding_sampling
+from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.model_free import HybridProposer
 from specq.decoding.prompt_lookup import RowLookup
+from specq.decoding.proposer import Offer
+from specq.decoding.stats import DRAFT_MODEL, NGRAM
 from specq.decoding.suffix_index import SuffixIndex
 from tests.test_lossless import _exact_joint, _keeps_rejected_drafts, _pvalue, _sampled_joint, lossless_pair
 from tests.test_reproducible import _position_blind_noise
@@ -31,6 +37,14 @@ def test_prompt_lookup_proposes_what_followed_the_longest_match():
     # the suffix 1 2 3 occurred at 1..3 (followed by 9 9 5); 2 3 alone would point at 8..10 (4 8 1)
     assert lookup.propose(3) == ([9, 9, 5], 3)
     assert lookup.propose(10)[0] == [9, 9, 5, 2, 3, 4, 8, 1, 2, 3]  # up to the end of the sequence
+    # then it copies its own proposal, as if the sequence went on repeating its last 13 tokens
+    assert lookup.propose(12)[0] == [9, 9, 5, 2, 3, 4, 8, 1, 2, 3, 9, 9]
+
+
+def test_prompt_lookup_extends_a_repetition_past_the_end_of_the_sequence():
+    lookup = RowLookup(min_match=3, max_match=6)
+    lookup.extend([5, 6, 1, 2, 1, 2, 1, 2])  # the period 1 2 matches two tokens back
+    assert lookup.propose(7) == ([1, 2, 1, 2, 1, 2, 1], 4)  # 1 2 1 2 last occurred at 2..5
 
 
 def test_prompt_lookup_without_a_match_proposes_nothing():
@@ -118,7 +132,7 @@ def test_the_suffix_index_carries_one_requests_output_to_the_next(target):
     assert results[0].token_ids == results[1].token_ids == reference_greedy(target, list(prompt), 24)
     # the second request, one by one after the first, replays the first one's output from the index
     assert results[1].accepted_tokens >= 15 > results[0].accepted_tokens
-    assert engine.stats.by_proposer["suffix"]["accepted_tokens"] >= 15
+    assert engine.stats.by_proposer["suffix"]["accepted_tokens"] >= 10  # prompt lookup takes ties
 
 
 def test_a_tiny_suffix_index_evicts_and_fails_no_request(target):
@@ -140,7 +154,8 @@ def test_a_tiny_suffix_index_evicts_and_fails_no_request(target):
 @pytest.mark.parametrize(("model_free", "with_draft"), MODES)
 def test_seeded_reproducible_tokens_are_target_only_tokens(target, draft, model_free, with_draft):
     prompts = _repetitive_prompts()
-    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95)
+    # cool enough that the tiny model's samples repeat themselves, so prompt lookup finds matches
+    params = SamplingParams(max_tokens=40, temperature=0.3, top_p=0.95)
     requests = [GenerationRequest(i, tuple(p), replace(params, seed=100 + i)) for i, p in enumerate(prompts)]
     alone = SpeculativeEngine(target, IdTokenizer(), None, DecodingConfig(sampling="reproducible", batch_size=1))
     expected = {r.key: r.token_ids for r in alone.generate(requests)}
@@ -149,8 +164,9 @@ def test_seeded_reproducible_tokens_are_target_only_tokens(target, draft, model_
     assert engine.stats.num_draft_tokens > 0
 
 
-# The repeat makes prompt lookup propose: the suffix 7 5 0 occurred before, followed by 4 (the target's
-# probability of it: 0.45, so acceptances and rejections both happen often).
+# The repeat makes prompt lookup propose: where the first token (sampled at the prefill) is 4 (the
+# target's probability of it: 0.45), the suffix 5 0 4 occurred before, followed by 7 5, and the first
+# speculative step verifies those; acceptances and rejections both happen often.
 REPEATING = (7, 5, 0, 4, 7, 5, 0)
 
 
@@ -184,3 +200,30 @@ def test_the_same_test_rejects_a_wrong_race_with_point_masses(lossless_models, m
     monkeypatch.setattr(decoding_sampling, "race_exponentials", _position_blind_noise)
     sampled = _sampled_joint(target, None, 1.0, sampling="reproducible", model_free="ngram", prompt=REPEATING)
     assert _pvalue(sampled, _exact_joint(target, 1.0, prompt=REPEATING)) < 1e-6
+
+
+def _policy_with(t_draft: float, draft_acceptance: float, looked_up_acceptance: float) -> SpeculationPolicy:
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    for width in range(1, 6):
+        for _ in range(3):
+            k = width - 1
+            policy.observe_step(1, k, k * t_draft, 0.010, 0.010 + k * t_draft)
+    for _ in range(100):
+        for source, rate in ((DRAFT_MODEL, draft_acceptance), (NGRAM, looked_up_acceptance)):
+            policy.observe_acceptance(np.array([round(4 * rate)]), np.array([4]), np.array([source]))
+    return policy
+
+
+@pytest.mark.parametrize(
+    ("t_draft", "looked_up_acceptance", "alone"),
+    [(0.010, 0.75, True), (0.0005, 0.25, False), (0.0005, 1.0, True)],
+)
+def test_the_hybrid_drops_the_draft_model_where_looked_up_proposals_alone_pay_more(
+    t_draft, looked_up_acceptance, alone
+):
+    # one row: the draft model offers 4 tokens at 75% acceptance, prompt lookup 4 of its own
+    hybrid = HybridProposer.__new__(HybridProposer)
+    hybrid.policy = _policy_with(t_draft, 0.75, looked_up_acceptance)
+    mixed, looked_up = Offer(np.array([4]), np.array([DRAFT_MODEL])), Offer(np.array([4]), np.array([NGRAM]))
+    batch = SimpleNamespace(rows=1)  # all the plan reads of the batch
+    assert hybrid._looked_up_alone_pays(batch, np.array([0]), mixed, looked_up) is alone  # type: ignore[arg-type]
