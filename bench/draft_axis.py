@@ -99,11 +99,11 @@ def run_draft_axis(
     num_prompts: int,
     prompt_chars: int,
     max_tokens: int,
-    num_speculative_tokens: int,
     temperature: float,
     seed: int,
     warmup: int,
     repeats: int,
+    num_speculative_tokens: int | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """Every contender of `drafts` (keys of DRAFTS; target_only always) on every workload and batch size."""
@@ -123,13 +123,15 @@ def run_draft_axis(
             GenerationRequest(i, tuple(p), SamplingParams(**{**vars(params), "seed": seed + i}))
             for i, p in enumerate(prompts)
         ]
+        # no K given: each contender's own default (decoding.config), as `specq run` would use
+        k_option: dict[str, Any] = (
+            {} if num_speculative_tokens is None else {"num_speculative_tokens": num_speculative_tokens}
+        )
         for b in batch_sizes:
             contenders: list[_Contender] = []
             for name in names:
                 uses_draft, model_free = DRAFTS[name]
-                config = DecodingConfig(
-                    num_speculative_tokens=num_speculative_tokens, batch_size=b, model_free=model_free
-                )
+                config = DecodingConfig(batch_size=b, model_free=model_free, **k_option)
 
                 def make_engine(policy, config=config, uses_draft=uses_draft):
                     return SpeculativeEngine(
@@ -227,7 +229,7 @@ def run_draft_axis_benchmark(
     import os
     from datetime import UTC, datetime
 
-    from specq.bench.runner import load_bench_pair, machine_info
+    from specq.bench.runner import load_bench_pair, machine_info, measure_pair_roofline
 
     started = time.perf_counter()
     pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress, compile)
@@ -235,11 +237,12 @@ def run_draft_axis_benchmark(
     results = run_draft_axis(
         pair.target, pair.draft, pair.tokenizer, workloads, drafts, batch_sizes, progress=progress, **settings
     )
+    bandwidth, roofline = measure_pair_roofline(pair, progress)
     return {
         "command": command,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 1),
-        "machine": {**machine, "load_average_end": list(os.getloadavg())},
+        "machine": {**machine, "memory_bandwidth_gb_s": bandwidth / 1e9, "load_average_end": list(os.getloadavg())},
         "models": {"target": target, "draft": draft},
         "settings": {
             **settings,
@@ -247,5 +250,6 @@ def run_draft_axis_benchmark(
             "drafts": list(drafts),
             "batch_sizes": list(batch_sizes),
         },
+        "roofline": roofline,
         **results,
     }

@@ -1,5 +1,5 @@
-"""What `specq bench` shows: two tables for humans (throughput; speculation analysis), JSON for scripts,
-and the same tables as Markdown for docs/benchmarks.md."""
+"""What `specq bench` shows: tables for humans (throughput; speculation analysis; each model's roofline),
+JSON for scripts, and the same tables as Markdown for docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 Format = Callable[[Any], str]
+# (header, row key, format); the row key None means the whole row is formatted
+Columns = list[tuple[str, str | None, Format]]
 
 
 def _num(digits: int) -> Format:
@@ -34,8 +36,7 @@ def _k_steps(v: dict[str, int]) -> str:
     return " ".join(f"{k}:{100 * n / total:.0f}%" for k, n in v.items()) if total else "-"
 
 
-# (header, row key, format); the row key None means the whole row is formatted
-THROUGHPUT: list[tuple[str, str | None, Format]] = [
+THROUGHPUT: Columns = [
     ("B", "batch_size", str),
     ("spec tok/s", "spec_tokens_per_s", _num(1)),
     ("spec K tok/s", "spec_fixed_tokens_per_s", _num(1)),
@@ -48,7 +49,7 @@ THROUGHPUT: list[tuple[str, str | None, Format]] = [
     ("target-only / HF batched", "target_only_over_hf_batched", _times),
     ("same output", None, _same),  # type: ignore[list-item]
 ]
-CPU_RATES: list[tuple[str, str | None, Format]] = [
+CPU_RATES: Columns = [
     ("B", "batch_size", str),
     ("spec", "spec_tokens_per_cpu_s", _num(1)),
     ("spec K", "spec_fixed_tokens_per_cpu_s", _num(1)),
@@ -56,7 +57,7 @@ CPU_RATES: list[tuple[str, str | None, Format]] = [
     ("HF batched", "hf_batched_tokens_per_cpu_s", _num(1)),
     ("HF assisted", "hf_assisted_tokens_per_cpu_s", _num(1)),
 ]
-ANALYSIS: list[tuple[str, str | None, Format]] = [
+ANALYSIS: Columns = [
     ("B", "batch_size", str),
     ("a (acc/draft)", "acceptance_rate", _num(3)),
     ("alpha", "alpha", _num(3)),
@@ -75,28 +76,54 @@ ANALYSIS: list[tuple[str, str | None, Format]] = [
     ("adaptive mean k", "spec_mean_k", _num(2)),
     ("adaptive k per step", "spec_k_steps", _k_steps),
 ]
+ROOFLINE: Columns = [
+    ("model", "model", str),
+    ("weight MB", "weight_bytes", lambda v: f"{v / 1e6:.1f}"),
+    ("floor ms", "floor_ms", _num(3)),
+    ("eager forward ms", "eager_forward_ms", _num(3)),
+    ("eager / floor", "eager_over_floor", _times),
+    ("compiled forward ms", "compiled_forward_ms", _num(3)),
+    ("compiled / floor", "compiled_over_floor", _times),
+]
+TableSpec = tuple[str, Columns, list[dict[str, Any]]]  # title, columns, rows
 
 
-def _cells(columns: list[tuple[str, str | None, Format]], row: dict[str, Any]) -> list[str]:
+def _cells(columns: Columns, row: dict[str, Any]) -> list[str]:
     return [fmt(row) if key is None else fmt(row[key]) for _, key, fmt in columns]
 
 
-def _tables(results: dict[str, Any]) -> list[tuple[str, list[tuple[str, str | None, Format]]]]:
+def _tables(results: dict[str, Any]) -> list[TableSpec]:
     k = results["settings"]["num_speculative_tokens"]
+    rows = results["rows"]
     return [
-        ("Throughput (completion tokens per second, wall clock)", THROUGHPUT),
-        ("Tokens per CPU-second of this process (robust to other load only with --threads 1)", CPU_RATES),
-        (f"Speculation analysis (K = {k}; a, alpha, acceptance length, t_draft, t_verify: K-fixed run)", ANALYSIS),
+        ("Throughput (completion tokens per second, wall clock)", THROUGHPUT, rows),
+        ("Tokens per CPU-second of this process (robust to other load only with --threads 1)", CPU_RATES, rows),
+        (
+            f"Speculation analysis (K = {k}; a, alpha, acceptance length, t_draft, t_verify: K-fixed run)",
+            ANALYSIS,
+            rows,
+        ),
+        roofline_table(results),
     ]
+
+
+def roofline_table(results: dict[str, Any]) -> TableSpec:
+    """The roofline of each model (bench/roofline.py): (title, columns, rows)."""
+    roofline = results["roofline"]
+    title = (
+        f"Roofline (one batch-1 decode forward over a {roofline['context_tokens']}-token cache; floor = weight "
+        f"bytes / the measured memory bandwidth, {results['machine']['memory_bandwidth_gb_s']:.1f} GB/s)"
+    )
+    return title, ROOFLINE, roofline["models"]
 
 
 def print_tables(results: dict[str, Any], file: TextIO | None = None) -> None:
     console = Console(file=file, stderr=file is None, width=200)
-    for title, columns in _tables(results):
+    for title, columns, rows in _tables(results):
         table = Table(title=title, title_justify="left")
         for header, *_ in columns:
             table.add_column(header, justify="right", overflow="fold")
-        for row in results["rows"]:
+        for row in rows:
             table.add_row(*_cells(columns, row))
         console.print(table)
     failed = [check for check in results["targets"] if check["met"] is False]
@@ -113,13 +140,15 @@ def print_tables(results: dict[str, Any], file: TextIO | None = None) -> None:
         console.print(f"[red]{len(failed)} target(s) missed[/]")
 
 
+def _markdown(title: str, columns: Columns, rows: list[dict[str, Any]]) -> str:
+    lines = [f"**{title}**", "", "| " + " | ".join(h for h, *_ in columns) + " |"]
+    lines.append("|" + "---:|" * len(columns))
+    lines += ["| " + " | ".join(_cells(columns, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def markdown_tables(results: dict[str, Any]) -> str:
-    parts = []
-    for title, columns in _tables(results):
-        lines = [f"**{title}**", "", "| " + " | ".join(h for h, *_ in columns) + " |"]
-        lines.append("|" + "---:|" * len(columns))
-        lines += ["| " + " | ".join(_cells(columns, row)) + " |" for row in results["rows"]]
-        parts.append("\n".join(lines))
+    parts = [_markdown(*table) for table in _tables(results)]
     checks = ["| target | want | measured | met |", "| --- | --- | ---: | --- |"]
     for check in results["targets"]:
         value = "-" if check["measured"] is None else f"{check['measured']:.2f}"
@@ -127,6 +156,11 @@ def markdown_tables(results: dict[str, Any]) -> str:
         checks.append(f"| {check['target']} | {check['want']} | {value} | {met} |")
     parts.append("\n".join(checks))
     return "\n\n".join(parts) + "\n"
+
+
+def roofline_markdown(results: dict[str, Any]) -> str:
+    """The roofline table alone, for reports with tables of their own (the draft axis)."""
+    return _markdown(*roofline_table(results)) + "\n"
 
 
 def write_json(results: dict[str, Any], path: str) -> None:

@@ -50,6 +50,7 @@ import torch
 
 from specq.bench import hf_baselines
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding.config import DRAFT_MODEL_SPECULATIVE_TOKENS
 from specq.limits import BENCH_SPECULATIVE_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class BenchSettings:
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     num_prompts: int = 32  # twice the largest batch: continuous batching refills, static batching waits
     max_tokens: int = 64
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = DRAFT_MODEL_SPECULATIVE_TOKENS
     temperature: float = 0.0  # greedy: outputs must then match token for token across all runs
     warmup: int = 1  # full untimed passes before each timed one
     repeats: int = 1  # timed passes; the median rate is reported
@@ -515,7 +516,8 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """The benchmark as `specq bench` runs it: load the pair (target and draft None: the demo pair, built
     on first use), run `run_bench` on the held-out prompts, and return its results with what they were
-    measured on (`command`, date, machine, models, settings, prompts), ready for report.py.
+    measured on (`command`, date, machine, models, settings, prompts) and the models' roofline, ready
+    for report.py.
 
     `threads`: torch's intra-op threads (None: torch's own choice); `device` None: cuda if available,
     else cpu. A pair that cannot be loaded raises SpecqError."""
@@ -534,11 +536,12 @@ def run_benchmark(
     )
     machine = machine_info(device, dtype)
     results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, settings, progress=progress)
+    bandwidth, roofline = measure_pair_roofline(pair, progress)
     return {
         "command": command,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 1),
-        "machine": {**machine, "load_average_end": list(os.getloadavg())},
+        "machine": {**machine, "memory_bandwidth_gb_s": bandwidth / 1e9, "load_average_end": list(os.getloadavg())},
         "models": {
             "target": target,
             "draft": draft,
@@ -547,8 +550,19 @@ def run_benchmark(
         },
         "settings": {**vars(settings), "device": device, "dtype": machine["dtype"]},
         "prompts": [{"text": text, "prompt_tokens": len(ids)} for text, ids in zip(texts, prompts, strict=True)],
+        "roofline": roofline,
         **results,
     }
+
+
+def measure_pair_roofline(pair, progress: Callable[[str], None]) -> tuple[float, dict[str, Any]]:
+    """(memory bandwidth in bytes per second, roofline) of the pair's models (bench/roofline.py). Run after
+    the benchmark, so that compiled models have their batch-1 graphs from the runs at B = 1."""
+    from specq.bench.roofline import measure_roofline
+
+    progress("roofline: memory bandwidth, and one batch-1 decode forward of each model")
+    models = {role: model for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
+    return measure_roofline(models)
 
 
 def _params(model) -> int | None:
@@ -643,7 +657,10 @@ def _policy_snapshot(engine: SpeculativeEngine) -> dict[str, Any] | None:
                 str(rows): {str(w): ms(m) for w, m in sorted(widths.items())}
                 for rows, widths in sorted(policy.t_target.items())
             },
-            "t_overhead_ms": {str(rows): ms(m) for rows, m in sorted(policy.t_overhead.items())},
+            "t_overhead_ms": {
+                ("speculative" if speculative else "plain"): {str(rows): ms(m) for rows, m in sorted(table.items())}
+                for speculative, table in policy.t_overhead.items()
+            },
         }
     except (AttributeError, TypeError):  # a policy of another shape: the snapshot is optional
         return None

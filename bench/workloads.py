@@ -6,13 +6,14 @@ and its module names (`sys.stdlib_module_names`).
 - grounded: a held-out function's first `prompt_chars` characters, then the first line of the same
   function under a new name: the answer reproduces the body with that one change (a code edit).
 - templated: one template, a Python list of records about standard-library modules, three filled in
-  and the last one opened for module i; answers share their structure with each other.
+  and the last one opened for module i (the dotted names of the stdlib's own source files: about 600
+  distinct, so a job of hundreds of requests repeats no prompt); answers share their structure with
+  each other.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 
 from specq.limits import BENCH_WORKLOADS as WORKLOADS
 
@@ -35,12 +36,28 @@ def workload_prompts(name: str, count: int, prompt_chars: int) -> list[str]:
     if name == "grounded":
         return [_edit_prompt(text) for text in heldout_prompts(count, prompt_chars)]
     if name == "templated":
-        modules = sorted(m for m in sys.stdlib_module_names if not m.startswith("_"))
-        step = max(len(modules) // count, 1)
+        modules = _module_names()
+        if count > len(modules):
+            raise ValueError(f"the templated workload has {len(modules)} distinct prompts; asked for {count}")
+        step = len(modules) // count
         return [
             _TEMPLATE_HEAD + f'    {{"name": "{modules[(i * step) % len(modules)]}", "kind": "' for i in range(count)
         ]
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+
+
+def _module_names() -> list[str]:
+    """The dotted module names of the stdlib's source files (json.decoder, email.mime.text, ...)."""
+    from specq.models.demo.corpus import corpus_files, stdlib_root
+
+    root = stdlib_root()
+    names = set()
+    for path in corpus_files():
+        parts = path.relative_to(root).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if parts and not any(part.startswith("_") for part in parts):
+            names.add(".".join(parts))
+    return sorted(names)
 
 
 def _edit_prompt(function: str) -> str:

@@ -15,7 +15,6 @@ Prints one Markdown table; meant to finish in under 10 minutes on an H200.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specq.bench import hf_baselines
+    from specq.bench.roofline import decode_forward_seconds, forward_floor_seconds, measure_bandwidth, weight_bytes
     from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
     from specq.decoding.compiled import compile_model
 
@@ -77,38 +77,13 @@ def main() -> None:
             torch.cuda.synchronize(device)
 
     eager = {name: build(name) for name in shapes}
-    weight_bytes = {name: sum(p.numel() * p.element_size() for p in m.parameters()) for name, m in eager.items()}
+    weights = {name: weight_bytes(model) for name, model in eager.items()}
     compiled, compile_s = {}, {}
     for name, model in eager.items():
         compiled[name], outcome = compile_model(model, name, "on", backend=args.backend)
         compile_s[name] = outcome.seconds
 
-    # the device's copy bandwidth: read and write a buffer the size of the target's weights
-    buffer = torch.empty(weight_bytes["target"] // 2, dtype=torch.float16, device=device)
-    copies = []
-    for _ in range(5):
-        sync()
-        started = time.perf_counter()
-        buffer.clone()
-        sync()
-        copies.append(time.perf_counter() - started)
-    bandwidth = 2 * buffer.numel() * 2 / min(copies)  # bytes read + written per second
-    del buffer
-
-    def decode_forward_s(model) -> float:
-        """One batch-1 decode forward over a 128-token cache, median of 10."""
-        ids = torch.randint(2, vocab, (1, 128), device=device)
-        with torch.inference_mode():
-            cache = model(input_ids=ids, use_cache=True).cache  # transformers 5: `cache`, not past_key_values
-            times = []
-            for _ in range(10):
-                sync()
-                started = time.perf_counter()
-                model(input_ids=ids[:, -1:], cache=cache, use_cache=True)
-                sync()
-                times.append(time.perf_counter() - started)
-                cache.crop(-1)
-        return statistics.median(times)
+    bandwidth = measure_bandwidth(device, weights["target"])
 
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, vocab, (int(n),), generator=generator).tolist() for n in torch.randint(16, 64, (64,))]
@@ -147,10 +122,10 @@ def main() -> None:
         + ", ".join(f"{k} {v:.0f}" for k, v in compile_s.items())
     )
     for name in shapes:
-        floor = weight_bytes[name] / bandwidth
-        e, c = decode_forward_s(eager[name]), decode_forward_s(compiled[name])
+        floor = forward_floor_seconds(weights[name], bandwidth)
+        e, c = decode_forward_seconds(eager[name]), decode_forward_seconds(compiled[name])
         print(
-            f"{name}: {weight_bytes[name] / 1e9:.2f} GB of weights, floor {floor * 1e3:.2f} ms; batch-1 decode forward "
+            f"{name}: {weights[name] / 1e9:.2f} GB of weights, floor {floor * 1e3:.2f} ms; batch-1 decode forward "
             f"eager {e * 1e3:.2f} ms ({e / floor:.1f}x floor), compiled {c * 1e3:.2f} ms ({c / floor:.1f}x floor)"
         )
     header = ("batch", "specq eager", "specq compiled", "compiled / eager", "HF generate", "HF assisted", "acceptance")

@@ -63,9 +63,8 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     "--num-speculative-tokens",
     "-k",
     type=int_range(BENCH_SPECULATIVE_TOKENS),
-    default=4,
-    show_default=True,
-    help="K: the most draft tokens a step proposes (the K-fixed run always proposes K).",
+    help="K: the most draft tokens a step proposes (the K-fixed run always proposes K). Default: 4; with "
+    "--workloads, each contender's own default, as `specq run` has it (8 for the model-free ones).",
 )
 @click.option(
     "--temperature",
@@ -126,7 +125,7 @@ def bench(
     batch_sizes: tuple[int, ...],
     num_prompts: int | None,
     max_tokens: int,
-    num_speculative_tokens: int,
+    num_speculative_tokens: int | None,
     temperature: float,
     device: str | None,
     dtype: str | None,
@@ -147,7 +146,8 @@ def bench(
     """Benchmark specq (adaptive k, fixed K, target only) against HF batched and assisted generation.
 
     Same prompts and settings for every run, at each batch size; prints throughput, acceptance, the
-    measured draft/target cost ratio, the Leviathan bound and the limit these forward times allow.
+    measured draft/target cost ratio, the Leviathan bound and the limit these forward times allow, and
+    each model's batch-1 forward time over its memory-bandwidth floor.
     """
     if (target is None) != (draft is None):
         raise click.UsageError("give both --target and --draft, or neither (the demo pair)")
@@ -169,12 +169,13 @@ def bench(
         "num_prompts": num_prompts or 2 * max(batch_sizes),
         "prompt_chars": prompt_chars,
         "max_tokens": max_tokens,
-        "num_speculative_tokens": num_speculative_tokens,
         "temperature": temperature,
         "seed": seed,
         "warmup": warmup,
         "repeats": repeats,
     }
+    if num_speculative_tokens is not None:
+        common["num_speculative_tokens"] = num_speculative_tokens
     if workloads:
         _draft_axis(
             target,
@@ -232,7 +233,7 @@ def _draft_axis(
         )
     except SpecqError as exc:
         raise click.ClickException(str(exc)) from None
-    table = draft_axis.markdown(results)
+    table = draft_axis.markdown(results) + "\n" + report.roofline_markdown(results)
     click.echo(table)
     if json_path:
         report.write_json(results, json_path)
