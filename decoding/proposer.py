@@ -46,7 +46,9 @@ class Proposer(RowState, Protocol):
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
         """New rows' prompts were just written into `batch`: read them (a draft model prefills its cache).
 
-        Sequences then hold only their prompt; a row's first proposal follows its last prompt token."""
+        Sequences then hold only their prompt. The engine next appends each row's first token, sampled
+        from the prefill, through `advance` (unless the target cannot return the last position's
+        logits alone), so a row's first proposal usually follows that token."""
         ...
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
