@@ -286,3 +286,13 @@ def test_an_unknown_workload_or_draft_is_a_usage_error():
         result = CliRunner().invoke(cli, ["bench", *args])
         assert result.exit_code == 2, result.output
         assert "choose from" in result.output
+
+
+def test_the_templated_workload_repeats_no_prompt_at_hundreds_of_requests():
+    # a repeated prompt would let the suffix index replay an earlier answer, which no real job gets
+    from specq.bench.workloads import workload_prompts
+
+    prompts = workload_prompts("templated", 256, 256)
+    assert len(set(prompts)) == 256
+    with pytest.raises(ValueError, match="distinct prompts"):
+        workload_prompts("templated", 100_000, 256)

@@ -146,3 +146,11 @@ def test_a_proposer_locked_out_by_bad_luck_is_tried_again():
     for _ in range(400):
         policy.observe_acceptance(np.array([2]), np.array([4]), np.array([0]))
     assert policy.acceptance(2).mean() > 0.6
+
+
+def test_k_defaults_to_more_for_a_model_free_proposer_and_an_explicit_k_wins():
+    from specq.decoding.config import DecodingConfig
+
+    assert DecodingConfig().num_speculative_tokens == 4
+    assert DecodingConfig(model_free="ngram").num_speculative_tokens == 8
+    assert DecodingConfig(model_free="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
