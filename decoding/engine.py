@@ -485,13 +485,17 @@ class SpeculativeEngine:
             buffers.top_ids[row_index, columns] = top_ids
 
     def _token_logprobs(self, batch: BatchState, row: int, start: int, tokens: list[int]) -> list[TokenLogprob]:
-        """A finished row's `tokens` (from column `start`) with their recorded log-probabilities: one read."""
+        """A finished row's `tokens` (from column `start`) with their recorded log-probabilities: two reads,
+        the values (the token's own first) and the alternatives' ids."""
         buffers = batch.logprob_buffers
         assert buffers is not None
         wanted, end = int(batch.logprobs_h[row]), start + len(tokens)
-        chosen = buffers.chosen[row, start:end].cpu().tolist()  # [n]
-        top_values = buffers.top_values[row, start:end, :wanted].cpu().tolist()  # [n, wanted]
-        top_ids = buffers.top_ids[row, start:end, :wanted].cpu().tolist()  # [n, wanted]
+        values = torch.cat(
+            [buffers.chosen[row, start:end, None], buffers.top_values[row, start:end, :wanted]], dim=1
+        ).tolist()  # [n, 1 + wanted]
+        top_ids = buffers.top_ids[row, start:end, :wanted].tolist()  # [n, wanted]
+        chosen = [v[0] for v in values]
+        top_values = [v[1:] for v in values]
         return [
             TokenLogprob(
                 token_id,

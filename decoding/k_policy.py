@@ -183,6 +183,8 @@ class SpeculationPolicy:
 
     def _target_times(self, rows: int, widths: np.ndarray) -> np.ndarray | None:
         own = _measured(self.t_target.get(rows, {}))
+        if own and min(own) <= widths[0] and widths[-1] <= max(own):
+            return _interpolate(own, widths)  # the usual case: no other row count's curve needed
         curves = {r: m for r, m in ((r, _measured(t)) for r, t in self.t_target.items()) if len(m) >= 2}
         shape = _nearest(curves, rows)
         if shape is None:

@@ -47,6 +47,20 @@ def _locked_job(db: Database, session: Session, job_id: str) -> Job:
     return job
 
 
+def _still_running(session: Session, job_id: str) -> int:
+    """The job's requests a worker still holds under a live lease (a cancelled job's are winding down)."""
+    return int(
+        session.scalar(
+            select(func.count()).where(
+                Request.job_id == job_id,
+                Request.state == RequestState.RUNNING,
+                Request.lease_expires_at >= utcnow(),
+            )
+        )
+        or 0
+    )
+
+
 def cancel_job(db: Database, job_id: str) -> CancelOutcome:
     """Stop a job: its queued requests are cancelled, running ones finish (workers see the cancel at
     their next write and give up the rest). A job that has ended is left as it is."""
@@ -82,13 +96,7 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
         job = _locked_job(db, session, job_id)
         previous = job.state
         if job.state == JobState.CANCELLED:
-            winding_down = session.scalar(
-                select(func.count()).where(
-                    Request.job_id == job_id,
-                    Request.state == RequestState.RUNNING,
-                    Request.lease_expires_at >= utcnow(),
-                )
-            )
+            winding_down = _still_running(session, job_id)
             if winding_down:
                 return RetryOutcome(previous, previous, {}, [], job.settings.get("device"), winding_down)
         if job.state == JobState.EXPIRED:
@@ -140,13 +148,7 @@ def delete_job(db: Database, job_id: str) -> int:
         job = _locked_job(db, session, job_id)
         if job.state not in JOB_TERMINAL:
             raise JobActiveError(f"job {job_id} is {job.state}: cancel it first (`specq cancel {job_id}`)")
-        finishing = session.scalar(
-            select(func.count()).where(
-                Request.job_id == job_id,
-                Request.state == RequestState.RUNNING,
-                Request.lease_expires_at >= utcnow(),
-            )
-        )
+        finishing = _still_running(session, job_id)
         if finishing:
             raise JobActiveError(
                 f"job {job_id} is {job.state}, but {finishing} requests are still finishing: try again shortly"
