@@ -13,7 +13,7 @@ ModelFree = Literal["ngram", "suffix"]  # specq.limits.MODEL_FREE
 
 # K when none is given: a draft model's proposals cost a forward each, so 4; a looked-up proposal costs
 # none, and a long match pays up to the verify width (prompt lookup on the grounded workload at batch 1:
-# 8 gave 1.2x the tokens/s of 4, docs/benchmarks.md)
+# 2.61x target-only with 8, 2.22x with 4; docs/benchmarks.md)
 DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 8
 
 
