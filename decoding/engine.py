@@ -18,7 +18,8 @@ One step, for every sequence (row) of the batch at once:
               string (decoding/stopping.py); their results are yielded and their rows freed.
 
 k is chosen per step by `SpeculationPolicy` (decoding/k_policy.py) from measured step times (k = 0 is
-plain decoding, the only mode without a proposer). The prefill reads the whole prompt and emits the
+plain decoding, the only mode without a proposer; while the policy rests, the step asks the proposer
+for nothing). The prefill reads the whole prompt and emits the
 first token itself, so no step is spent on it: with short completions (labels, 20-token answers) that
 step would be a large share of the work. Free rows are refilled from the waiting requests; once none
 are left the batch is compacted so finished rows stop costing compute (decoding/batch.py).
@@ -300,7 +301,8 @@ class SpeculativeEngine:
     def _step(self, batch: BatchState) -> Iterator[GenerationResult]:
         watch = _Stopwatch(self.device)  # from the offers on: a model-free proposer's lookups are part of a step
         live = batch.live_rows()
-        k, num_draft_h, sources_h = self._choose_k(batch, live)
+        offered = self.proposer is not None and self.policy.wants_offers(batch.rows)
+        k, num_draft_h, sources_h = self._choose_k(batch, live) if offered else self._plain(batch)
         # uploaded before any work of the step is queued, so the copy waits for nothing
         num_draft = torch.from_numpy(num_draft_h).to(self.device) if k else None  # [rows]
         watch.mark()
@@ -316,10 +318,19 @@ class SpeculativeEngine:
         t_step = t_offer + t_draft + t_target + t_rest
         if self.max_k:
             draft_model = bool((sources_h[num_draft_h > 0] == DRAFT_MODEL).any())
-            self.policy.observe_step(batch.rows, k, t_draft, t_target, t_step, draft_model=draft_model)
+            self.policy.observe_step(
+                batch.rows, k, t_draft, t_target, t_step, t_offer=t_offer if offered else None, draft_model=draft_model
+            )
         self._record(batch.rows, k, t_draft, t_target, t_step)
         self.stats.num_steps += 1
         yield from self._finish(batch, live, k, report, sources_h)
+
+    def _plain(self, batch: BatchState) -> tuple[int, np.ndarray, np.ndarray]:
+        """A step without speculation: no proposer, or a resting policy (k_policy.py), which is told."""
+        if self.proposer is not None:
+            self.policy.rest()
+        none = np.zeros(batch.rows, np.int64)  # [rows]
+        return 0, none, none.copy()
 
     def _choose_k(self, batch: BatchState, live: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
         """This step's k, the draft tokens each row may accept ([rows], 0 for rows not live or without a
@@ -327,8 +338,7 @@ class SpeculativeEngine:
         # A row takes at most one draft token fewer than it still wants, and none past the context.
         row_limits = np.minimum(batch.max_tokens_h - batch.generated_h - 1, self.max_context - batch.seq_h)
         num_draft_h = np.zeros(batch.rows, np.int64)  # [rows]
-        if self.proposer is None:
-            return 0, num_draft_h, num_draft_h.copy()
+        assert self.proposer is not None
         offer = self.proposer.offer(batch, live, np.maximum(row_limits, 0))
         offers = offer.lengths[live]  # [live]
         top = int(offers.max())

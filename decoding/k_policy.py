@@ -25,6 +25,10 @@ model ran (a looked-up proposal costs no forward; its host time is part of the s
 Every `probe_interval` steps a neighbouring k is tried, and every fourth probe the full K, so estimates
 never go stale; while probes leave the choice where it was, the interval doubles (up to
 `_MAX_PROBE_BACKOFF` times), so a batch where speculation does not pay stops paying for the reminder.
+Between a choice of k = 0 and the next probe the policy rests: the engine decodes plainly without
+asking the proposer for offers (`wants_offers`), so prompt lookups and suffix-index walks, a few per
+cent of a compute-bound batch's step, are not paid where they are not used. For the same reason the
+offers' measured time is charged to speculating only: choosing k = 0 stops paying it.
 
 Rows need not offer the same number of draft tokens: a model-free proposer offers, per row, only what
 its match supports (none without a match). The verify pass is as wide as the widest row, so k then
@@ -111,6 +115,7 @@ class SpeculationPolicy:
         # speculative step's host work is a few per cent of a compute-bound batch's step, as much as the
         # margin by which a narrow verify pays there
         self.t_overhead: dict[bool, dict[int, _Timing]] = {False: defaultdict(_Timing), True: defaultdict(_Timing)}
+        self.t_offer: dict[int, _Timing] = defaultdict(_Timing)  # rows -> the proposer's offers
         self._positions = max(max_k, 1)
         # proposer (decoding.stats.PROPOSERS index) -> its acceptance; the draft model's is 0
         self._acceptance: dict[int, _Acceptance] = {}
@@ -118,18 +123,31 @@ class SpeculationPolicy:
         self._probe_gap = probe_interval
         self._probes = 0
         self._best_at_last_probe: int | None = None
+        self._resting_at: int | None = None  # the row count whose last choice was k = 0, until a probe
 
     # -- observations -------------------------------------------------------------------------------
     def observe_step(
-        self, rows: int, k: int, t_draft: float, t_target: float, t_total: float, *, draft_model: bool = True
+        self,
+        rows: int,
+        k: int,
+        t_draft: float,
+        t_target: float,
+        t_total: float,
+        *,
+        t_offer: float | None = None,
+        draft_model: bool = True,
     ) -> None:
         """One step's times: `t_draft` of proposing k tokens (`draft_model`: by the draft model's k
-        forwards; else looked up, counted as overhead), `t_target` of verifying k + 1 per row."""
+        forwards; else looked up, counted as overhead), `t_target` of verifying k + 1 per row, `t_offer`
+        of the proposer's offers (None: the step made none)."""
         drafted = draft_model and k > 0
         if drafted:
             self.t_draft[rows].add(t_draft / k)
         self.t_target[rows][k + 1].add(t_target)
-        self.t_overhead[k > 0][rows].add(max(t_total - t_target - (t_draft if drafted else 0.0), 0.0))
+        if t_offer is not None:
+            self.t_offer[rows].add(t_offer)
+        rest = t_total - t_target - (t_draft if drafted else 0.0) - (t_offer or 0.0)
+        self.t_overhead[k > 0][rows].add(max(rest, 0.0))
 
     def observe_acceptance(
         self, num_accepted: np.ndarray, num_draft: np.ndarray, sources: np.ndarray | None = None
@@ -177,7 +195,9 @@ class SpeculationPolicy:
             return np.concatenate([target[:1], np.full(top, np.inf)])
         overheads = [_value(_nearest(self.t_overhead[speculative], rows)) for speculative in (False, True)]
         plain = overheads[0] or 0.0
-        speculative = overheads[1] if overheads[1] is not None else plain
+        speculative = (overheads[1] if overheads[1] is not None else plain) + (
+            _value(_nearest(self.t_offer, rows)) or 0.0
+        )
         overhead = np.where(widths > 1, speculative, plain)
         return overhead + (widths - 1) * draft + target
 
@@ -201,6 +221,15 @@ class SpeculationPolicy:
     def _measured_drafts(self) -> dict[int, _Timing]:
         return {r: t for r, t in self.t_draft.items() if t.value is not None}
 
+    def wants_offers(self, rows: int) -> bool:
+        """Whether the next step of a batch of `rows` should ask the proposer for offers and `choose`;
+        False while resting (the last choice at `rows` rows was k = 0 and no probe is due): the step is
+        then plain, and `rest` counts it."""
+        return self.fixed or self._resting_at != rows or self.steps + 1 >= self._next_probe
+
+    def rest(self) -> None:
+        self.steps += 1
+
     def choose(self, rows: int, limit: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None) -> int:
         """The k for the next step of a batch of `rows`; `limit` caps it (context, tokens left). `offers`:
         [live] draft tokens each live row could take (None: `limit` each), from proposer `sources`
@@ -216,6 +245,7 @@ class SpeculationPolicy:
         if _uses_draft_model(offers, sources) and not self._measured_drafts():
             return top
         best, _ = self.best(rows, top, offers, sources)
+        self._resting_at = rows if best == 0 else None
         if self.steps < self._next_probe:
             return best
         self._probes += 1

@@ -69,10 +69,12 @@ class SuffixIndex:
         path: list[int] = list(tokens[-self.max_context :])
         proposed: list[int] = []
         confidence = 1.0
+        longest = self.max_context
         while len(proposed) < limit:
-            counts = self._longest_known(path)
-            if counts is None:
+            known = self._longest_known(path, longest)
+            if known is None:
                 break
+            context_len, counts = known
             token, count = max(counts.items(), key=lambda item: item[1])
             step_confidence = confidence * count / sum(counts.values())
             if step_confidence < self.min_confidence:
@@ -80,11 +82,17 @@ class SuffixIndex:
             confidence = step_confidence
             proposed.append(token)
             path.append(token)
+            # a context of n + 2 tokens ending at the new token would mean one of n + 1 ending before it,
+            # fed with it; so the search starts at n + 1 (eviction may have dropped a longer one: a
+            # shorter context then proposes, which costs acceptance, never correctness)
+            longest = context_len + 1
         return SuffixProposal(proposed, confidence if proposed else 0.0)
 
-    def _longest_known(self, path: list[int]) -> dict[int, int] | None:
-        for n in range(min(self.max_context, len(path)), self.min_context - 1, -1):
+    def _longest_known(self, path: list[int], longest: int) -> tuple[int, dict[int, int]] | None:
+        """The longest context of at most `longest` tokens ending `path` that the index knows, and its
+        followers' counts."""
+        for n in range(min(longest, self.max_context, len(path)), self.min_context - 1, -1):
             counts = self._followers.get(tuple(path[len(path) - n :]))
             if counts is not None:
-                return counts
+                return n, counts
         return None

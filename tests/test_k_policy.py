@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specq.decoding.k_policy import SpeculationPolicy
 
@@ -154,3 +155,37 @@ def test_k_defaults_to_more_for_a_model_free_proposer_and_an_explicit_k_wins():
     assert DecodingConfig().num_speculative_tokens == 4
     assert DecodingConfig(model_free="ngram").num_speculative_tokens == 8
     assert DecodingConfig(model_free="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
+
+
+def test_after_choosing_no_speculation_it_rests_without_offers_until_the_next_probe():
+    # compute-bound: k = 0 wins, and until a probe is due the engine is told to make no offers
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    _measured(policy, 16, lambda width: 0.010 * width)
+    for _ in range(50):
+        policy.observe_acceptance(np.full(16, 1), np.full(16, 4))
+    assert policy.wants_offers(16)
+    assert policy.choose(16, 4) == 0
+    resting = 0
+    while not policy.wants_offers(16):
+        policy.rest()
+        resting += 1
+    assert 0 < resting < 16
+    assert policy.choose(16, 4) > 0  # the probe
+    assert not policy.wants_offers(16)  # the probe changed nothing: back to resting
+    assert policy.wants_offers(8)  # another row count has its own choice to make
+    assert SpeculationPolicy(4, fixed=True).wants_offers(16)
+
+
+def test_the_offers_time_is_charged_to_speculating_only():
+    # verification is flat and cheap; the offers (a suffix-index walk) cost as much as a verify: a plain
+    # step does not make them, so speculation must earn them back
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    for width in range(1, 6):
+        for _ in range(3):
+            policy.observe_step(1, width - 1, 0.0, 0.010, 0.021, t_offer=0.010)
+    times = policy.step_times(1, 4, draft_model=False)
+    assert times[0] == pytest.approx(0.011)
+    assert times[1:] == pytest.approx([0.021] * 4)
+    for _ in range(50):
+        policy.observe_acceptance(np.array([0]), np.array([4]), np.array([1]))  # rarely accepted
+    assert policy.best(1, 4, np.array([4]), np.array([1]))[0] == 0

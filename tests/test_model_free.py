@@ -53,6 +53,60 @@ def test_prompt_lookup_without_a_match_proposes_nothing():
     assert lookup.propose(4) == ([], 0)
 
 
+def test_prompt_lookup_indexes_what_arrived_since_its_last_lookup():
+    # tokens are indexed lazily, at the next lookup: fed in pieces, with lookups in between or not,
+    # the proposals are those of the whole sequence fed at once
+    rng = np.random.default_rng(0)
+    sequence = rng.integers(0, 5, size=300).tolist()
+    whole = RowLookup(min_match=3, max_match=6)
+    whole.extend(sequence)
+    pieces = RowLookup(min_match=3, max_match=6)
+    for start in range(0, 300, 7):
+        pieces.extend(sequence[start : start + 7])
+        if start % 21 == 0:
+            pieces.propose(4)
+    assert pieces.propose(8) == whole.propose(8)
+    assert pieces.continuation_at == whole.continuation_at
+
+
+def _most_frequent_path(sequences: list[list[int]], suffix: list[int], limit: int, index: SuffixIndex) -> list[int]:
+    """The suffix index's proposal worked out from the raw sequences: at every token, the longest
+    context the sequences hold, its most frequent follower (ties: the first seen), while confident."""
+    path, proposed, confidence = list(suffix), list[int](), 1.0
+    while len(proposed) < limit:
+        for n in range(min(index.max_context, len(path)), index.min_context - 1, -1):
+            context = tuple(path[-n:])
+            counts: dict[int, int] = {}
+            for sequence in sequences:
+                for end in range(n, len(sequence)):
+                    if tuple(sequence[end - n : end]) == context:
+                        counts[sequence[end]] = counts.get(sequence[end], 0) + 1
+            if counts:
+                break
+        else:
+            return proposed
+        token = max(counts, key=lambda t: counts[t])
+        if confidence * counts[token] / sum(counts.values()) < index.min_confidence:
+            return proposed
+        confidence *= counts[token] / sum(counts.values())
+        proposed.append(token)
+        path.append(token)
+    return proposed
+
+
+def test_the_suffix_index_walks_the_longest_known_contexts():
+    # the walk searches each next context from one token longer than the last: the same proposals as
+    # searching every length
+    rng = np.random.default_rng(1)
+    sequences = [rng.integers(0, 4, size=60).tolist() for _ in range(8)]
+    index = SuffixIndex(min_context=2, max_context=6, min_confidence=0.2)
+    for sequence in sequences:
+        index.add(sequence)
+    for _ in range(40):
+        suffix = rng.integers(0, 4, size=7).tolist()
+        assert index.propose(suffix, limit=8).tokens == _most_frequent_path(sequences, suffix, 8, index)
+
+
 def test_the_suffix_index_proposes_the_most_frequent_continuation_while_confident():
     index = SuffixIndex(min_context=2, max_context=4, min_confidence=0.4)
     for _ in range(3):
@@ -149,6 +203,38 @@ def test_a_tiny_suffix_index_evicts_and_fails_no_request(target):
         r.error is None and r.token_ids == reference_greedy(target, prompts[r.key], 16) for r in results.values()
     )
     assert len(index) == 8 and index.evictions > 0
+
+
+def test_a_resting_policy_makes_the_engine_skip_the_offers(target, monkeypatch):
+    # verification costs its width at every row count: after the first choice the policy rests, and
+    # the engine asks the proposer for offers only at the policy's probes; the tokens do not change
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    for rows in range(1, 9):
+        for width in range(1, 6):
+            for _ in range(3):
+                policy.observe_step(rows, width - 1, 0.0, 0.010 * width, 0.010 * width)
+    for _ in range(50):
+        policy.observe_acceptance(np.full(8, 1), np.full(8, 4), np.full(8, NGRAM))
+    engine = SpeculativeEngine(
+        target, IdTokenizer(), None, DecodingConfig(num_speculative_tokens=4, model_free="ngram"), policy=policy
+    )
+    proposer = engine.proposer
+    assert proposer is not None
+    offer, offers = proposer.offer, 0
+
+    def counted(*args):
+        nonlocal offers
+        offers += 1
+        return offer(*args)
+
+    monkeypatch.setattr(proposer, "offer", counted)
+    prompts = _repetitive_prompts()
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=24, temperature=0.0)) for i, p in enumerate(prompts)
+    ]
+    results = {r.key: r.token_ids for r in engine.generate(requests)}
+    assert all(results[i] == reference_greedy(target, p, 24) for i, p in enumerate(prompts))
+    assert engine.stats.num_steps > 20 and offers < engine.stats.num_steps / 4
 
 
 @pytest.mark.parametrize(("model_free", "with_draft"), MODES)
