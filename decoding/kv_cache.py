@@ -6,7 +6,9 @@ preallocated buffer per layer, `[rows, kv_heads, capacity, head_dim]`; row b hol
 columns `[0, lengths[b])`, always starting at column 0 (no left padding), so its position ids are
 its column indices, exactly as when that sequence is decoded alone.
 
-A forward pass writes the new keys/values of row b at columns `lengths[b] + t` (a scatter), and the
+A forward pass writes the new keys/values of row b at columns `lengths[b] + t` (an indexed
+assignment, `index_put_`: a compiled forward does it in place, where `scatter_` made inductor copy
+every layer's whole buffer each step, which grew a compiled step's time with the capacity), and the
 attention mask lets query t of row b see columns `<= lengths[b] + t`. Rolling back row b by r
 tokens is `lengths[b] -= r`: the stale columns are never seen again and get overwritten. Inputs can
 be ragged (row b feeds n_b <= T real tokens, right-padded): the padding is written past the row's
@@ -67,10 +69,10 @@ class RaggedLayer(CacheLayerMixin):
             self.keys[plan.rows, :, :width] = key_states
             self.values[plan.rows, :, :width] = value_states
             return key_states, value_states
-        rows, heads, width, _ = key_states.shape
-        index = plan.columns[:, None, :, None]  # [rows, 1, T, 1]
-        self.keys.scatter_(2, index.expand(rows, heads, width, self.keys.shape[-1]), key_states)
-        self.values.scatter_(2, index.expand(rows, heads, width, self.values.shape[-1]), value_states)
+        rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)  # [rows, 1]
+        # indexing dims 0 and 2 around a slice puts the indexed dims first: [rows, T, kv_heads, head_dim]
+        self.keys[rows, :, plan.columns] = key_states.transpose(1, 2)
+        self.values[rows, :, plan.columns] = value_states.transpose(1, 2)
         return self.keys[:, :, : plan.kv_length], self.values[:, :, : plan.kv_length]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
