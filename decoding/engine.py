@@ -235,8 +235,8 @@ class SpeculativeEngine:
 
     def _prefill(self, batch: BatchState, admission: Admission, prompts: list[tuple[int, ...]]) -> torch.Tensor | None:
         """Run the target over each whole prompt and return its logits at each prompt's last token [n, V],
-        for the first output token; then the proposer reads the prompts (a draft model all but their last
-        token, which it catches up on in its first proposal). A model that cannot return chosen
+        for the first output token; then the proposer takes the new rows (a draft model reads their
+        prompts at its first proposal for them). A model that cannot return chosen
         positions' logits alone reads all but the last token instead (None returned), and the first step
         verifies that token with the first draft tokens.
 
@@ -272,7 +272,7 @@ class SpeculativeEngine:
                 self.stats.target_forwards += 1
             self.stats.prefill_tokens += int((admission.prompt_lens - 1).sum())
         if self.proposer is not None:
-            self.proposer.admit(batch, full, self.stats)  # the draft is cheap: every row its own
+            self.proposer.admit(batch, full, self.stats)
         if shared is not None:
             followers = np.flatnonzero(shared.leaders[shared.inverse] != np.arange(len(full.rows)))  # [f]
             source = torch.from_numpy(full.rows[shared.leaders[shared.inverse[followers]]]).to(self.device)
@@ -306,8 +306,11 @@ class SpeculativeEngine:
         # uploaded before any work of the step is queued, so the copy waits for nothing
         num_draft = torch.from_numpy(num_draft_h).to(self.device) if k else None  # [rows]
         watch.mark()
+        prefilled_s = self.stats.time_prefill_s
         draft_token_ids, draft_probs = self._propose(batch, k, num_draft_h)
         watch.mark()
+        # a draft model's prefill of rows new since its last proposal is prefill, not this step's drafting
+        prefilled_s = self.stats.time_prefill_s - prefilled_s
         target_logits = self._verify(batch, draft_token_ids)
         watch.mark()
         output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits, num_draft)
@@ -315,6 +318,7 @@ class SpeculativeEngine:
         report = self._advance(batch, live, batch.active, output_token_ids, num_accepted, num_draft_h)
         watch.mark()
         t_offer, t_draft, t_target, t_rest = watch.seconds()
+        t_draft = max(t_draft - prefilled_s, 0.0)
         t_step = t_offer + t_draft + t_target + t_rest
         if self.max_k:
             draft_model = bool((sources_h[num_draft_h > 0] == DRAFT_MODEL).any())

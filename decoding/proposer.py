@@ -44,7 +44,8 @@ class Proposer(RowState, Protocol):
     max_k: int  # the most draft tokens one `propose` returns per row
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
-        """New rows' prompts were just written into `batch`: read them (a draft model prefills its cache).
+        """New rows' prompts were just written into `batch`: take them (a draft model marks them to be read
+        into its cache at its next proposal; prompt lookup starts each row's index).
 
         Sequences then hold only their prompt. The engine next appends each row's first token, sampled
         from the prefill, through `advance` (unless the target cannot return the last position's

@@ -74,6 +74,29 @@ def test_greedy_with_adaptive_k_equals_target_greedy(target, draft, prompts):
         assert results[i].token_ids == reference_greedy(target, prompt, 24)
 
 
+def test_the_draft_model_reads_a_prompt_only_when_it_first_drafts_for_it(target, draft, prompts):
+    from specq.decoding.k_policy import SpeculationPolicy
+
+    # verification costs its width at every row count, so the policy never speculates after its first
+    # choice (no probes): the draft model must never have run, not even to prefill the prompts
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=10**9)
+    for rows in range(1, 5):
+        for width in range(1, 6):
+            for _ in range(3):
+                policy.observe_step(rows, width - 1, 0.001 * (width - 1), 0.010 * width, 0.011 * width)
+    engine = SpeculativeEngine(
+        target, IdTokenizer(), draft, DecodingConfig(num_speculative_tokens=4, batch_size=4), policy=policy
+    )
+    results = {r.key: r for r in engine.generate(_greedy_requests(prompts))}
+    assert engine.stats.draft_forwards == 0 and engine.stats.num_steps > 0
+    # where it drafts, rows admitted at different steps are read at their first proposal (a batch of 3
+    # takes 3 prompts at first, the others as rows free up)
+    again, speculating = _run(target, draft, _greedy_requests(prompts), num_speculative_tokens=3, batch_size=3)
+    assert speculating.stats.num_draft_tokens > 0
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == again[i].token_ids == reference_greedy(target, prompt, 24)
+
+
 def test_target_only_equals_target_greedy(target, prompts):
     results, engine = _run(target, None, _greedy_requests(prompts), batch_size=4)
     for i, prompt in enumerate(prompts):
