@@ -19,10 +19,10 @@ One step, for every sequence (row) of the batch at once:
 
 k is chosen per step by `SpeculationPolicy` (decoding/k_policy.py) from measured step times (k = 0 is
 plain decoding, the only mode without a proposer; while the policy rests, the step asks the proposer
-for nothing). The prefill reads the whole prompt and emits the
-first token itself, so no step is spent on it: with short completions (labels, 20-token answers) that
-step would be a large share of the work. Free rows are refilled from the waiting requests; once none
-are left the batch is compacted so finished rows stop costing compute (decoding/batch.py).
+for nothing). The prefill reads the whole prompt and emits the first token itself, so no step is spent
+on it: with short completions (labels, 20-token answers) that step would be a large share of the work.
+Free rows are refilled from the waiting requests; once none are left the batch is compacted so
+finished rows stop costing compute (decoding/batch.py).
 
 Invariants at the start of a step, per row: the sequence (prompt and generated tokens) is
 `token_ids[:seq_len]`; the target cache holds its first `seq_len - 1` tokens (the last one is the
@@ -236,9 +236,9 @@ class SpeculativeEngine:
     def _prefill(self, batch: BatchState, admission: Admission, prompts: list[tuple[int, ...]]) -> torch.Tensor | None:
         """Run the target over each whole prompt and return its logits at each prompt's last token [n, V],
         for the first output token; then the proposer takes the new rows (a draft model reads their
-        prompts at its first proposal for them). A model that cannot return chosen
-        positions' logits alone reads all but the last token instead (None returned), and the first step
-        verifies that token with the first draft tokens.
+        prompts at its first proposal for them). A model that cannot return chosen positions' logits
+        alone reads all but the last token instead (None returned), and the first step verifies that
+        token with the first draft tokens.
 
         Rows with the same prompt (a line's `n` choices) share the target's prefill: it runs once for
         the first of them, whose cache columns the others copy."""
