@@ -179,7 +179,11 @@ class SpeculationPolicy:
         return self._curve_of(source).curve()
 
     def expected_tokens(self, k: int, source: int = 0) -> float:
-        return 1.0 + float(np.cumprod(self.acceptance(source)[:k]).sum()) if k else 1.0
+        return float(self.expected_tokens_by_length(source)[k])
+
+    def expected_tokens_by_length(self, source: int = 0) -> np.ndarray:
+        """[K + 1] expected tokens a row yields from k = 0..K draft tokens of proposer `source`."""
+        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(source)))])
 
     def step_times(self, rows: int, top: int, *, draft_model: bool = True) -> np.ndarray:
         """[top + 1] estimated seconds of a step of `rows` rows verifying k + 1 tokens each, k = 0..top
@@ -276,12 +280,11 @@ class SpeculationPolicy:
     def _expected_batch_tokens(self, top: int, offers: np.ndarray | None, sources: np.ndarray | None) -> np.ndarray:
         """[top + 1] expected tokens the step yields at k = 0..top (per row when every row offers `top`)."""
         if offers is None:
-            return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()[:top]))])
+            return self.expected_tokens_by_length()[: top + 1]
         sources = np.zeros_like(offers) if sources is None else sources
         total = np.full(top + 1, float(offers.size))
         for source in np.unique(sources):
-            # gains[j]: expected accepted tokens when a row takes j draft tokens
-            gains = np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(int(source))[:top]))])
+            gains = self.expected_tokens_by_length(int(source))[: top + 1] - 1.0  # [top + 1] accepted of j drafted
             row_offers = np.minimum(offers[sources == source], top)  # [n]
             taken = np.minimum(row_offers[:, None], np.arange(top + 1))  # [n, top + 1]
             total += gains[taken].sum(axis=0)

@@ -2,9 +2,15 @@
 
 - `ModelFreeProposer`: per row, the tokens that followed the longest earlier match of the row's
   suffix in its own sequence (decoding/prompt_lookup.py; Saxena 2023, vLLM's `ngram`) and, with a
-  `SuffixIndex`, the most frequent continuation in the job's prompts and finished outputs
-  (decoding/suffix_index.py; SuffixDecoding, Oliaro et al. 2025), whichever is longer. A row without
-  a match offers nothing and costs only its verified token.
+  `SuffixIndex`, the most frequent continuation in the job's finished outputs (decoding/suffix_index.py;
+  SuffixDecoding, Oliaro et al. 2025), whichever is longer. A row without a match offers nothing and
+  costs only its verified token.
+  The index is fed outputs, each after the last few tokens of its prompt, not whole prompts: a row's
+  own prompt is prompt lookup's to copy from, as SuffixDecoding keeps a per-request tree for it, and
+  the job's other prompts, where they share a template, repeat what the row's own prompt holds. Fed
+  every prompt too, the index cost a few per cent of a compute-bound batch's time where it was never
+  used, and the template's contexts, counted once per request, outvoted what the outputs did next
+  (docs/benchmarks.md, "The draft axis").
 - `HybridProposer`: a draft model and a model-free proposer within ONE verify pass. Each step weighs
   two plans by the policy's expected tokens per second (decoding/k_policy.py), which prices the draft
   model's forwards and the verify width: (a) rows with a match take it where its measured acceptance
@@ -84,8 +90,6 @@ class ModelFreeProposer:
             lookup = RowLookup(self.min_match, self.max_match, prompt_len=len(prompt))
             lookup.extend(prompt)
             self.lookups[row] = lookup
-            if self.suffix_index is not None:
-                self.suffix_index.add(prompt)
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
         lengths = np.zeros(batch.rows, np.int64)
@@ -154,11 +158,15 @@ class HybridProposer:
         looked_up = self.model_free.offer(batch, live, limits)
         drafted = self.draft.offer(batch, live, limits)
         lengths, sources = drafted.lengths.copy(), drafted.sources.copy()
-        for row in live[looked_up.lengths[live] > 0]:
-            source, length = int(looked_up.sources[row]), int(looked_up.lengths[row])
-            # expected tokens a row gains: what the measured acceptance of each proposer says
-            if self.policy.expected_tokens(length, source) >= self.policy.expected_tokens(int(lengths[row])):
-                lengths[row], sources[row] = length, source
+        rows = live[looked_up.lengths[live] > 0]
+        # expected tokens a row gains from either proposal: what each proposer's measured acceptance says
+        by_draft = self.policy.expected_tokens_by_length(DRAFT_MODEL)[lengths[rows]]  # [n]
+        by_lookup = np.zeros(rows.size)
+        for source in np.unique(looked_up.sources[rows]):
+            mine = looked_up.sources[rows] == source
+            by_lookup[mine] = self.policy.expected_tokens_by_length(int(source))[looked_up.lengths[rows[mine]]]
+        takes_lookup = rows[by_lookup >= by_draft]
+        lengths[takes_lookup], sources[takes_lookup] = looked_up.lengths[takes_lookup], looked_up.sources[takes_lookup]
         mixed = Offer(lengths, sources)
         if (sources[live] == DRAFT_MODEL).any() and self._looked_up_alone_pays(batch, live, mixed, looked_up):
             mixed = looked_up

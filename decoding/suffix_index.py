@@ -2,7 +2,8 @@
 
 SuffixDecoding keeps suffix trees over prompts and previous outputs and speculates along the most
 frequent continuation of the current suffix, as far as the path's estimated probability stays high.
-This index keeps the same statistics in a flatter form: for every context of `min_context..max_context`
+This index keeps the same statistics in a flatter form, for the job's finished outputs (a row's own
+prompt is prompt lookup's, decoding/model_free.py): for every context of `min_context..max_context`
 tokens seen in the sequences fed to it, how often each token followed. A proposal starts from the
 longest context of the row's suffix that the index knows, repeatedly takes the most frequent next
 token, and stops once the product of the taken tokens' frequencies (the path's confidence) falls
@@ -50,10 +51,11 @@ class SuffixIndex:
     def add(self, tokens: Sequence[int]) -> None:
         """Count every (context, next token) pair of `tokens`."""
         followers = self._followers
+        tokens = tuple(tokens)  # a tuple's slice is the context key itself: one allocation, not two
         for end in range(self.min_context, len(tokens)):
             following = tokens[end]
             for n in range(self.min_context, min(self.max_context, end) + 1):
-                context = tuple(tokens[end - n : end])
+                context = tokens[end - n : end]
                 counts = followers.get(context)
                 if counts is None:
                     followers[context] = {following: 1}

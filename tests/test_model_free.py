@@ -189,6 +189,16 @@ def test_the_suffix_index_carries_one_requests_output_to_the_next(target):
     assert engine.stats.by_proposer["suffix"]["accepted_tokens"] >= 10  # prompt lookup takes ties
 
 
+def test_the_suffix_index_is_fed_outputs_after_their_prompts_last_tokens_not_whole_prompts(target):
+    prompt = tuple(range(20, 44))  # 24 distinct tokens
+    index = SuffixIndex()
+    engine = SpeculativeEngine(target, IdTokenizer(), None, DecodingConfig(model_free="suffix"), suffix_index=index)
+    [result] = engine.generate([GenerationRequest(0, prompt, SamplingParams(max_tokens=6, temperature=0.0))])
+    sequence = [*prompt[-8:], *result.token_ids]  # what the index is fed: the output after 8 prompt tokens
+    assert index.propose(prompt[-10:-8], limit=1).tokens == []  # the prompt's earlier contexts are not indexed
+    assert index.propose(sequence[:2], limit=1).tokens == [sequence[2]]
+
+
 def test_a_tiny_suffix_index_evicts_and_fails_no_request(target):
     index = SuffixIndex(max_contexts=8)
     prompts = _repetitive_prompts()
