@@ -178,9 +178,6 @@ class SpeculationPolicy:
         """[K] alpha_j of proposer `source`, shrunk towards its pooled acceptance (before any: its prior)."""
         return self._curve_of(source).curve()
 
-    def expected_tokens(self, k: int, source: int = 0) -> float:
-        return float(self.expected_tokens_by_length(source)[k])
-
     def expected_tokens_by_length(self, source: int = 0) -> np.ndarray:
         """[K + 1] expected tokens a row yields from k = 0..K draft tokens of proposer `source`."""
         return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(source)))])

@@ -47,7 +47,7 @@ def test_expected_tokens_uses_per_position_acceptance():
         policy.observe_acceptance(np.array([3, 1, 0, 2]), np.array([3, 3, 3, 3]))
     alpha = policy.acceptance()
     assert np.allclose(alpha, [3 / 4, 2 / 3, 1 / 2], atol=0.02)
-    assert np.isclose(policy.expected_tokens(3), 1 + 0.75 + 0.5 + 0.25, atol=0.03)
+    assert np.isclose(policy.expected_tokens_by_length()[3], 1 + 0.75 + 0.5 + 0.25, atol=0.03)
 
 
 def test_deep_positions_it_rarely_reached_are_estimated_from_the_others():
