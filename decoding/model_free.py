@@ -54,12 +54,10 @@ if TYPE_CHECKING:
 # two-token n-gram recurs everywhere) and its proposals are rejected often enough to cost more verify
 # width than they earn; 6 covers the distinctive spans.
 MIN_MATCH, MAX_MATCH = 3, 6
-# The hybrid judges its looked-up side on one offer in `_JUDGE_EVERY` (a judgement costs two of the
-# policy's estimates, 2% of a batch-1 step on the 2-core CPU if made every offer) and gives a verdict on
-# `_LOOKUP_WINDOW` judgements; where the lookups did not pay, the next `_LOOKUP_REST` offers (doubling
-# while they keep not paying, up to `_LOOKUP_MAX_REST`) are the draft model's alone, with no lookups: the
-# lookups cost a few per cent of a compute-bound step (docs/benchmarks.md)
-_JUDGE_EVERY, _LOOKUP_WINDOW, _LOOKUP_REST, _LOOKUP_MAX_REST = 4, 2, 16, 128
+# The hybrid's looked-up side is judged every `_LOOKUP_WINDOW` offers; where it did not pay, the next
+# `_LOOKUP_REST` offers (doubling while it keeps not paying, up to `_LOOKUP_MAX_REST`) are the draft model's
+# alone, with no lookups: the lookups cost a few per cent of a compute-bound step (docs/benchmarks.md)
+_LOOKUP_WINDOW, _LOOKUP_REST, _LOOKUP_MAX_REST = 8, 16, 128
 # How many context tokens of a finished row's prompt are fed with its output to the suffix index, so
 # that the output's first tokens are indexed after the contexts that led to them.
 _OUTPUT_CONTEXT = 8
@@ -160,8 +158,7 @@ class HybridProposer:
         self.draft, self.model_free, self.policy = draft, model_free, policy
         self.max_k = draft.max_k
         self._sources = np.zeros(0, np.int64)  # [rows], the last offer's
-        self._offers = 0  # offers made with lookups
-        self._lookup_gains: list[float] = []  # the looked-up side's estimated gain, per judgement since the verdict
+        self._lookup_gains: list[float] = []  # the looked-up side's estimated gain, per offer since the last verdict
         self._lookups_rest = 0  # offers left to make with the draft model alone
         self._lookups_rest_len = _LOOKUP_REST  # the next rest's offers: doubles while the lookups keep not paying
 
@@ -178,17 +175,14 @@ class HybridProposer:
         started = time.perf_counter()
         looked_up = self.model_free.offer(batch, live, limits)
         top = int(max(drafted.lengths[live].max(), looked_up.lengths[live].max()))
-        plan = mixed = self._mix(live, drafted, looked_up)
-        rate: float | None = None  # the plan's expected tokens per second, where worked out
+        mixed = self._mix(live, drafted, looked_up)
+        plan, rate = mixed, self._rate(batch, live, mixed, top)
         if (mixed.sources[live] == DRAFT_MODEL).any() and looked_up.lengths[live].any():
             # the draft model's forwards cost as much as the rows' looked-up tokens earn: drop them
-            rate, alone = self._rate(batch, live, mixed, top), self._rate(batch, live, looked_up, top)
+            alone = self._rate(batch, live, looked_up, top)
             if rate > 0 and alone > rate:
                 plan, rate = looked_up, alone
-        self._offers += 1
-        if self._offers % _JUDGE_EVERY == 0:
-            rate = self._rate(batch, live, plan, top) if rate is None else rate
-            self._judge_lookups(batch, live, drafted, top, rate, time.perf_counter() - started)
+        self._judge_lookups(batch, live, drafted, top, rate, time.perf_counter() - started)
         self._sources = plan.sources
         return plan
 
@@ -213,8 +207,8 @@ class HybridProposer:
     def _judge_lookups(
         self, batch: BatchState, live: np.ndarray, drafted: Offer, top: int, rate: float, lookup_s: float
     ) -> None:
-        """Rest the looked-up side for a while when, over the last `_LOOKUP_WINDOW` judged offers, the plans
-        it made possible promised fewer tokens per second than the draft model's proposals alone at a step
+        """Rest the looked-up side for a while when, over the last `_LOOKUP_WINDOW` offers, the plans it
+        made possible promised fewer tokens per second than the draft model's proposals alone at a step
         `lookup_s` cheaper (the lookups and this weighing, which the policy's step times include)."""
         draft_k, draft_rate = self.policy.best(batch.rows, top, drafted.lengths[live], drafted.sources[live])
         if rate <= 0 or draft_rate <= 0:

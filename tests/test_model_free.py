@@ -345,7 +345,7 @@ def test_the_hybrid_rests_its_lookups_where_they_do_not_pay_for_themselves():
     hybrid, lookups = _hybrid(_policy_with(0.0005, 0.75, 0.25), Offer(np.array([4]), np.array([NGRAM])), 0.002)
     offers = [hybrid.offer(SimpleNamespace(rows=1), np.array([0]), np.array([4])) for _ in range(8 + 16 + 8 + 32)]  # type: ignore[arg-type]
     assert all(plan.sources[0] == DRAFT_MODEL for plan in offers)
-    assert len(lookups) == 16  # a verdict after 8 offers, rested 16, another verdict 8 later, resting 32 now
+    assert len(lookups) == 16  # judged after 8, rested 16 offers, judged after 8 more, resting 32 now
     # where they pay (the draft model's forwards cost as much as the verify), they never rest
     hybrid, lookups = _hybrid(_policy_with(0.010, 0.75, 1.0), Offer(np.array([4]), np.array([NGRAM])), 0.002)
     for _ in range(40):
