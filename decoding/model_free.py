@@ -8,8 +8,9 @@
   The index is fed outputs, each after the last few tokens of its prompt, not whole prompts: a row's
   own prompt is prompt lookup's to copy from, as SuffixDecoding keeps a per-request tree for it, and
   the job's other prompts, where they share a template, repeat what the row's own prompt holds. Fed
-  every prompt too, the index cost a compute-bound batch time where it was never used, and the suffix
-  contender's speedup was lower on every workload (docs/benchmarks.md, "The draft axis").
+  every prompt too, the index cost a few per cent of a compute-bound batch's time where it was never
+  used, and the template's contexts, counted once per request, outvoted what the outputs did next
+  (docs/benchmarks.md, "The draft axis").
 - `HybridProposer`: a draft model and a model-free proposer within ONE verify pass. Each step weighs
   two plans by the policy's expected tokens per second (decoding/k_policy.py), which prices the draft
   model's forwards and the verify width: (a) rows with a match take it where its measured acceptance
@@ -17,10 +18,6 @@
   proposal; (b) looked-up proposals alone, with no draft forward at all (rows without a match verify
   only their one token). So a long confident match is not slowed by the draft forwards that the rest
   of the batch would need only where those forwards earn less than they cost.
-  The lookups themselves cost a few per cent of a compute-bound step (16 rows of prompt lookups and
-  suffix-index walks): every few offers the hybrid checks that the plans they made possible promised
-  more than the draft model's proposals alone at a step that much cheaper, and where they did not, it
-  makes the next offers with the draft model alone (for longer each time the check fails again).
 
 A looked-up token is a point mass: its draft probability is one-hot, so modified rejection sampling
 accepts it with probability target_probs[token] and, on rejection, samples the recovered token from
@@ -32,8 +29,6 @@ All of it runs on the host, on host copies of the rows' tokens fed by the step's
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,10 +49,6 @@ if TYPE_CHECKING:
 # two-token n-gram recurs everywhere) and its proposals are rejected often enough to cost more verify
 # width than they earn; 6 covers the distinctive spans.
 MIN_MATCH, MAX_MATCH = 3, 6
-# The hybrid's looked-up side is judged every `_LOOKUP_WINDOW` offers; where it did not pay, the next
-# `_LOOKUP_REST` offers (doubling while it keeps not paying, up to `_LOOKUP_MAX_REST`) are the draft model's
-# alone, with no lookups: the lookups cost a few per cent of a compute-bound step (docs/benchmarks.md)
-_LOOKUP_WINDOW, _LOOKUP_REST, _LOOKUP_MAX_REST = 8, 16, 128
 # How many context tokens of a finished row's prompt are fed with its output to the suffix index, so
 # that the output's first tokens are indexed after the contexts that led to them.
 _OUTPUT_CONTEXT = 8
@@ -158,39 +149,17 @@ class HybridProposer:
         self.draft, self.model_free, self.policy = draft, model_free, policy
         self.max_k = draft.max_k
         self._sources = np.zeros(0, np.int64)  # [rows], the last offer's
-        self._lookup_gains: list[float] = []  # the looked-up side's estimated gain, per offer since the last verdict
-        self._lookups_rest = 0  # offers left to make with the draft model alone
-        self._lookups_rest_len = _LOOKUP_REST  # the next rest's offers: doubles while the lookups keep not paying
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
         self.draft.admit(batch, admission, stats)
         self.model_free.admit(batch, admission, stats)
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
-        drafted = self.draft.offer(batch, live, limits)
-        self._sources = drafted.sources
-        if self._lookups_rest:
-            self._lookups_rest -= 1
-            return drafted
-        started = time.perf_counter()
         looked_up = self.model_free.offer(batch, live, limits)
-        top = int(max(drafted.lengths[live].max(), looked_up.lengths[live].max()))
-        mixed = self._mix(live, drafted, looked_up)
-        plan, rate = mixed, self._rate(batch, live, mixed, top)
-        if (mixed.sources[live] == DRAFT_MODEL).any() and looked_up.lengths[live].any():
-            # the draft model's forwards cost as much as the rows' looked-up tokens earn: drop them
-            alone = self._rate(batch, live, looked_up, top)
-            if rate > 0 and alone > rate:
-                plan, rate = looked_up, alone
-        self._judge_lookups(batch, live, drafted, top, rate, time.perf_counter() - started)
-        self._sources = plan.sources
-        return plan
-
-    def _mix(self, live: np.ndarray, drafted: Offer, looked_up: Offer) -> Offer:
-        """Each row's looked-up proposal where its measured acceptance says it yields at least as many
-        tokens as the draft model's, else the draft model's."""
+        drafted = self.draft.offer(batch, live, limits)
         lengths, sources = drafted.lengths.copy(), drafted.sources.copy()
         rows = live[looked_up.lengths[live] > 0]
+        # expected tokens a row gains from either proposal: what each proposer's measured acceptance says
         by_draft = self.policy.expected_tokens_by_length(DRAFT_MODEL)[lengths[rows]]  # [n]
         by_lookup = np.zeros(rows.size)
         for source in np.unique(looked_up.sources[rows]):
@@ -198,33 +167,21 @@ class HybridProposer:
             by_lookup[mine] = self.policy.expected_tokens_by_length(int(source))[looked_up.lengths[rows[mine]]]
         takes_lookup = rows[by_lookup >= by_draft]
         lengths[takes_lookup], sources[takes_lookup] = looked_up.lengths[takes_lookup], looked_up.sources[takes_lookup]
-        return Offer(lengths, sources)
+        mixed = Offer(lengths, sources)
+        if (sources[live] == DRAFT_MODEL).any() and self._looked_up_alone_pays(batch, live, mixed, looked_up):
+            mixed = looked_up
+        self._sources = mixed.sources
+        return mixed
 
-    def _rate(self, batch: BatchState, live: np.ndarray, offer: Offer, top: int) -> float:
-        """Expected tokens per second of a step on `offer`'s proposals (0 while its cost is not measured)."""
-        return self.policy.best(batch.rows, top, offer.lengths[live], offer.sources[live])[1] if top else 0.0
-
-    def _judge_lookups(
-        self, batch: BatchState, live: np.ndarray, drafted: Offer, top: int, rate: float, lookup_s: float
-    ) -> None:
-        """Rest the looked-up side for a while when, over the last `_LOOKUP_WINDOW` offers, the plans it
-        made possible promised fewer tokens per second than the draft model's proposals alone at a step
-        `lookup_s` cheaper (the lookups and this weighing, which the policy's step times include)."""
-        draft_k, draft_rate = self.policy.best(batch.rows, top, drafted.lengths[live], drafted.sources[live])
-        if rate <= 0 or draft_rate <= 0:
-            return  # a plan's cost is not measured yet
-        step_s = float(self.policy.step_times(batch.rows, top)[draft_k])
-        without_lookups = draft_rate * step_s / max(step_s - lookup_s, step_s / 2)
-        self._lookup_gains.append(rate / without_lookups - 1.0)
-        if len(self._lookup_gains) < _LOOKUP_WINDOW:
-            return
-        paid = statistics.fmean(self._lookup_gains) >= 0
-        self._lookup_gains.clear()
-        if paid:
-            self._lookups_rest_len = _LOOKUP_REST
-            return
-        self._lookups_rest = self._lookups_rest_len
-        self._lookups_rest_len = min(2 * self._lookups_rest_len, _LOOKUP_MAX_REST)
+    def _looked_up_alone_pays(self, batch: BatchState, live: np.ndarray, mixed: Offer, looked_up: Offer) -> bool:
+        """Whether looked-up proposals alone (no draft forward) promise more tokens per second than the
+        mix with the draft model; False while either plan's cost is not yet measured."""
+        top = int(max(mixed.lengths[live].max(), looked_up.lengths[live].max()))
+        if top == 0 or not looked_up.lengths[live].any():
+            return False
+        _, with_draft = self.policy.best(batch.rows, top, mixed.lengths[live], mixed.sources[live])
+        _, without = self.policy.best(batch.rows, top, looked_up.lengths[live], looked_up.sources[live])
+        return with_draft > 0 and without > with_draft
 
     def propose(
         self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats

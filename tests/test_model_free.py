@@ -9,7 +9,6 @@ the test's power shown on wrong samplers fed the same point masses).
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -311,43 +310,16 @@ def _policy_with(t_draft: float, draft_acceptance: float, looked_up_acceptance: 
     return policy
 
 
-def _hybrid(policy: SpeculationPolicy, looked_up: Offer, lookup_s: float = 0.0) -> tuple[HybridProposer, list[int]]:
-    """A hybrid of one row whose draft model offers 4 tokens and whose lookups offer `looked_up`, taking
-    `lookup_s` each; and the list its lookups append to."""
-    lookups: list[int] = []
-
-    def look_up(batch, live, limits):
-        lookups.append(1)
-        time.sleep(lookup_s)
-        return looked_up
-
-    draft = SimpleNamespace(max_k=4, offer=lambda batch, live, limits: Offer(np.array([4]), np.array([DRAFT_MODEL])))
-    return HybridProposer(draft, SimpleNamespace(offer=look_up), policy), lookups  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize(
-    ("t_draft", "looked_up_acceptance", "looked_up_alone"),
-    [(0.010, 0.5, True), (0.0005, 0.25, False), (0.0005, 1.0, True)],
+    ("t_draft", "looked_up_acceptance", "alone"),
+    [(0.010, 0.75, True), (0.0005, 0.25, False), (0.0005, 1.0, True)],
 )
 def test_the_hybrid_drops_the_draft_model_where_looked_up_proposals_alone_pay_more(
-    t_draft, looked_up_acceptance, looked_up_alone
+    t_draft, looked_up_acceptance, alone
 ):
-    # one row: the draft model offers 4 tokens at 75% acceptance, prompt lookup 4 of its own. At 50% the
-    # row would take the draft model's, but its forwards cost as much as the verify: the lookup alone
-    # pays more; at 25%, with cheap forwards, the draft model's; at 100% the lookup's, row by row.
-    hybrid, _ = _hybrid(_policy_with(t_draft, 0.75, looked_up_acceptance), Offer(np.array([4]), np.array([NGRAM])))
-    plan = hybrid.offer(SimpleNamespace(rows=1), np.array([0]), np.array([4]))  # type: ignore[arg-type]
-    assert bool(plan.sources[0] == NGRAM) is looked_up_alone
-
-
-def test_the_hybrid_rests_its_lookups_where_they_do_not_pay_for_themselves():
-    # the draft model's proposals beat the looked-up ones, and each lookup costs 2 ms of a 10 ms step
-    hybrid, lookups = _hybrid(_policy_with(0.0005, 0.75, 0.25), Offer(np.array([4]), np.array([NGRAM])), 0.002)
-    offers = [hybrid.offer(SimpleNamespace(rows=1), np.array([0]), np.array([4])) for _ in range(8 + 16 + 8 + 32)]  # type: ignore[arg-type]
-    assert all(plan.sources[0] == DRAFT_MODEL for plan in offers)
-    assert len(lookups) == 16  # judged after 8, rested 16 offers, judged after 8 more, resting 32 now
-    # where they pay (the draft model's forwards cost as much as the verify), they never rest
-    hybrid, lookups = _hybrid(_policy_with(0.010, 0.75, 1.0), Offer(np.array([4]), np.array([NGRAM])), 0.002)
-    for _ in range(40):
-        hybrid.offer(SimpleNamespace(rows=1), np.array([0]), np.array([4]))  # type: ignore[arg-type]
-    assert len(lookups) == 40
+    # one row: the draft model offers 4 tokens at 75% acceptance, prompt lookup 4 of its own
+    hybrid = HybridProposer.__new__(HybridProposer)
+    hybrid.policy = _policy_with(t_draft, 0.75, looked_up_acceptance)
+    mixed, looked_up = Offer(np.array([4]), np.array([DRAFT_MODEL])), Offer(np.array([4]), np.array([NGRAM]))
+    batch = SimpleNamespace(rows=1)  # all the plan reads of the batch
+    assert hybrid._looked_up_alone_pays(batch, np.array([0]), mixed, looked_up) is alone  # type: ignore[arg-type]
