@@ -8,9 +8,8 @@
   The index is fed outputs, each after the last few tokens of its prompt, not whole prompts: a row's
   own prompt is prompt lookup's to copy from, as SuffixDecoding keeps a per-request tree for it, and
   the job's other prompts, where they share a template, repeat what the row's own prompt holds. Fed
-  every prompt too, the index cost a few per cent of a compute-bound batch's time where it was never
-  used, and the template's contexts, counted once per request, outvoted what the outputs did next
-  (docs/benchmarks.md, "The draft axis").
+  every prompt too, the index cost a compute-bound batch time where it was never used, and the suffix
+  contender was slower on every workload and batch size measured (docs/benchmarks.md, "The draft axis").
 - `HybridProposer`: a draft model and a model-free proposer within ONE verify pass. Each step weighs
   two plans by the policy's expected tokens per second (decoding/k_policy.py), which prices the draft
   model's forwards and the verify width: (a) rows with a match take it where its measured acceptance
