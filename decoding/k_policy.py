@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -281,11 +281,23 @@ class SpeculationPolicy:
         sources = np.zeros_like(offers) if sources is None else sources
         total = np.full(top + 1, float(offers.size))
         for source in np.unique(sources):
-            gains = self.expected_tokens_by_length(int(source))[: top + 1] - 1.0  # [top + 1] accepted of j drafted
-            row_offers = np.minimum(offers[sources == source], top)  # [n]
-            taken = np.minimum(row_offers[:, None], np.arange(top + 1))  # [n, top + 1]
-            total += gains[taken].sum(axis=0)
+            total += _accepted(self.expected_tokens_by_length(int(source)), offers[sources == source], top)
         return total
+
+    def best_rate_of_any(self, rows: int, top: int, offers: np.ndarray, candidates: Sequence[int]) -> float:
+        """At least the rate `best(rows, top, offers, sources)` returns for any `sources` drawn from
+        `candidates` (proposers other than the draft model, so a plan without its forwards): every row
+        at the acceptance of whichever candidate expects the most at its offer's length."""
+        by_length = np.max([self.expected_tokens_by_length(source) for source in candidates], axis=0)  # [K + 1]
+        expected = offers.size + _accepted(by_length, offers, top)  # [top + 1]
+        return float(np.max(expected / self.step_times(rows, top, draft_model=False)))
+
+
+def _accepted(expected_by_length: np.ndarray, offers: np.ndarray, top: int) -> np.ndarray:
+    """[top + 1] draft tokens rows offering `offers` [n] are expected to have accepted at k = 0..top."""
+    gains = expected_by_length[: top + 1] - 1.0  # [top + 1] accepted of j drafted
+    taken = np.minimum(np.minimum(offers, top)[:, None], np.arange(top + 1))  # [n, top + 1]
+    return gains[taken].sum(axis=0)
 
 
 def _uses_draft_model(offers: np.ndarray | None, sources: np.ndarray | None) -> bool:

@@ -16,7 +16,9 @@
   says it yields at least as many tokens as the draft model would, the other rows the draft model's
   proposal; (b) looked-up proposals alone, with no draft forward at all (rows without a match verify
   only their one token). So a long confident match is not slowed by the draft forwards that the rest
-  of the batch would need only where those forwards earn less than they cost.
+  of the batch would need only where those forwards earn less than they cost. Rows are looked up only
+  on steps where a lookup as long as the draft model's offer could be taken by either plan: where the
+  draft model always wins, the hybrid costs what the draft model alone does.
 
 A looked-up token is a point mass: its draft probability is one-hot, so modified rejection sampling
 accepts it with probability target_probs[token] and, on rejection, samples the recovered token from
@@ -80,6 +82,11 @@ class ModelFreeProposer:
         self.min_match, self.max_match = min_match, max_match
         self.lookups: list[RowLookup | None] = []  # [rows]
         self.proposals: list[list[int]] = []  # [rows], the last offer's tokens
+
+    @property
+    def sources(self) -> tuple[int, ...]:
+        """The proposers its offers may come from."""
+        return (NGRAM,) if self.suffix_index is None else (NGRAM, SUFFIX)
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
         for row in admission.rows:
@@ -154,8 +161,9 @@ class HybridProposer:
         self.model_free.admit(batch, admission, stats)
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
-        looked_up = self.model_free.offer(batch, live, limits)
         drafted = self.draft.offer(batch, live, limits)
+        looking = live if self._a_lookup_could_be_taken(batch, live, drafted) else live[:0]
+        looked_up = self.model_free.offer(batch, looking, limits)
         lengths, sources = drafted.lengths.copy(), drafted.sources.copy()
         rows = live[looked_up.lengths[live] > 0]
         # expected tokens a row gains from either proposal: what each proposer's measured acceptance says
@@ -171,6 +179,25 @@ class HybridProposer:
             mixed = looked_up
         self._sources = mixed.sources
         return mixed
+
+    def _a_lookup_could_be_taken(self, batch: BatchState, live: np.ndarray, drafted: Offer) -> bool:
+        """Whether either plan below could take a looked-up proposal this step, judged before any lookup
+        from the best a lookup could be: as long as the row's draft-model offer, at the acceptance of the
+        looked-up proposer that expects the most. Where it could not, the rows are not looked up and
+        the plan is the one the lookups would have led to: the draft model for every row. (On the
+        continuation workload at batch 16 the draft model won 338 of 343 lookups, and the lookups cost
+        the hybrid several per cent of each step; docs/benchmarks.md.)"""
+        lengths = drafted.lengths[live]  # [live]
+        if not lengths.any():
+            return False
+        by_draft = self.policy.expected_tokens_by_length(DRAFT_MODEL)  # [K + 1]
+        candidates = self.model_free.sources
+        by_lookup = np.max([self.policy.expected_tokens_by_length(source) for source in candidates], axis=0)
+        if (by_lookup[lengths] >= by_draft[lengths]).any():
+            return True
+        top = int(lengths.max())
+        _, with_draft = self.policy.best(batch.rows, top, lengths, drafted.sources[live])
+        return with_draft > 0 and self.policy.best_rate_of_any(batch.rows, top, lengths, candidates) > with_draft
 
     def _looked_up_alone_pays(self, batch: BatchState, live: np.ndarray, mixed: Offer, looked_up: Offer) -> bool:
         """Whether looked-up proposals alone (no draft forward) promise more tokens per second than the

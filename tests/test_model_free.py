@@ -22,7 +22,7 @@ from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.model_free import HybridProposer
 from specq.decoding.prompt_lookup import RowLookup
 from specq.decoding.proposer import Offer
-from specq.decoding.stats import DRAFT_MODEL, NGRAM
+from specq.decoding.stats import DRAFT_MODEL, NGRAM, SUFFIX
 from specq.decoding.suffix_index import SuffixIndex
 from tests.test_lossless import _exact_joint, _keeps_rejected_drafts, _pvalue, _sampled_joint, lossless_pair
 from tests.test_reproducible import _position_blind_noise
@@ -299,14 +299,21 @@ def test_the_same_test_rejects_a_wrong_race_with_point_masses(lossless_models, m
 
 
 def _policy_with(t_draft: float, draft_acceptance: float, looked_up_acceptance: float) -> SpeculationPolicy:
+    return _policy_of(t_draft, {DRAFT_MODEL: draft_acceptance, NGRAM: looked_up_acceptance})
+
+
+def _policy_of(t_draft: float, acceptance: dict[int, float]) -> SpeculationPolicy:
+    """A policy that measured one-row steps of a 10 ms target and `t_draft` per draft forward, and each
+    proposer accepting `acceptance[source]` of 4 tokens a step on average."""
     policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
     for width in range(1, 6):
         for _ in range(3):
             k = width - 1
             policy.observe_step(1, k, k * t_draft, 0.010, 0.010 + k * t_draft)
-    for _ in range(100):
-        for source, rate in ((DRAFT_MODEL, draft_acceptance), (NGRAM, looked_up_acceptance)):
-            policy.observe_acceptance(np.array([round(4 * rate)]), np.array([4]), np.array([source]))
+    for step in range(100):
+        for source, rate in acceptance.items():
+            accepted = int(4 * rate * (step + 1)) - int(4 * rate * step)  # on average 4 * rate
+            policy.observe_acceptance(np.array([accepted]), np.array([4]), np.array([source]))
     return policy
 
 
@@ -323,3 +330,73 @@ def test_the_hybrid_drops_the_draft_model_where_looked_up_proposals_alone_pay_mo
     mixed, looked_up = Offer(np.array([4]), np.array([DRAFT_MODEL])), Offer(np.array([4]), np.array([NGRAM]))
     batch = SimpleNamespace(rows=1)  # all the plan reads of the batch
     assert hybrid._looked_up_alone_pays(batch, np.array([0]), mixed, looked_up) is alone  # type: ignore[arg-type]
+
+
+class _Offers:
+    """A proposer stub that offers given lengths and sources to the rows it is asked about."""
+
+    def __init__(self, offer: Offer, sources: tuple[int, ...] = ()) -> None:
+        self.max_k = 4
+        self.sources = sources
+        self._offer = offer
+        self.asked: list[np.ndarray] = []
+
+    def offer(self, batch, live, limits) -> Offer:
+        self.asked.append(live)
+        lengths = np.zeros_like(self._offer.lengths)
+        lengths[live] = self._offer.lengths[live]
+        return Offer(lengths, self._offer.sources.copy())
+
+
+def _hybrid(draft: _Offers, looked_up: _Offers, policy: SpeculationPolicy) -> HybridProposer:
+    return HybridProposer(draft, looked_up, policy)  # type: ignore[arg-type]
+
+
+def test_the_hybrid_looks_nothing_up_where_no_lookup_could_be_taken():
+    # the draft model accepts 90% and costs little; prompt lookup 30%: even a full-length lookup loses
+    # to the draft model's proposal, and lookups alone, without the draft's forwards, yield less
+    rows = 3
+    drafted = _Offers(Offer(np.full(rows, 4), np.full(rows, DRAFT_MODEL)))
+    looked_up = _Offers(Offer(np.full(rows, 4), np.full(rows, NGRAM)), sources=(NGRAM,))
+    batch = SimpleNamespace(rows=rows)
+    live, limits = np.arange(rows), np.full(rows, 4)
+    losing = _hybrid(drafted, looked_up, _policy_of(0.0005, {DRAFT_MODEL: 0.9, NGRAM: 0.3, SUFFIX: 0.3}))
+    assert (losing.offer(batch, live, limits).sources == DRAFT_MODEL).all()  # type: ignore[arg-type]
+    assert looked_up.asked[-1].size == 0
+    winning = _hybrid(drafted, looked_up, _policy_of(0.0005, {DRAFT_MODEL: 0.5, NGRAM: 1.0, SUFFIX: 0.3}))
+    assert (winning.offer(batch, live, limits).sources == NGRAM).all()  # type: ignore[arg-type]
+    assert looked_up.asked[-1].tolist() == live.tolist()
+    # before any step is timed, lookups alone are never chosen, but a row still takes its lookup where it
+    # expects a little more from it than from the draft model's proposal
+    untimed = SpeculationPolicy(4, fixed=False)
+    for _ in range(100):
+        untimed.observe_acceptance(np.array([3, 3]), np.array([4, 4]), np.array([DRAFT_MODEL, NGRAM]))
+        untimed.observe_acceptance(np.array([4]), np.array([4]), np.array([NGRAM]))
+    warming = _hybrid(drafted, looked_up, untimed)
+    assert (warming.offer(batch, live, limits).sources == NGRAM).all()  # type: ignore[arg-type]
+    assert looked_up.asked[-1].tolist() == live.tolist()
+
+
+def test_the_hybrid_skips_lookups_only_where_neither_plan_would_have_taken_one():
+    # Random policies and offers: wherever the hybrid, shown every row's lookup, takes one (row by row or
+    # lookups alone), it must also have chosen to look up before seeing them.
+    rng = np.random.default_rng(0)
+    skipped = 0
+    for _ in range(500):
+        rows = int(rng.integers(1, 6))
+        acceptance = {source: float(rng.uniform()) for source in (DRAFT_MODEL, NGRAM, SUFFIX)}
+        policy = _policy_of(float(rng.choice([0.0005, 0.003, 0.010])), acceptance)
+        draft_lengths = rng.integers(0, 5, rows)
+        lookup_lengths = rng.integers(0, draft_lengths + 1)
+        lookups = Offer(lookup_lengths, rng.choice([NGRAM, SUFFIX], rows))
+        batch, live = SimpleNamespace(rows=rows), np.arange(rows)
+        drafted = Offer(draft_lengths, np.full(rows, DRAFT_MODEL))
+        shown = _hybrid(_Offers(drafted), _Offers(lookups, (NGRAM, SUFFIX)), policy)
+        shown._a_lookup_could_be_taken = lambda *args: True  # type: ignore[method-assign]
+        chosen = shown.offer(batch, live, draft_lengths)  # type: ignore[arg-type]
+        takes_a_lookup = bool(((chosen.sources != DRAFT_MODEL) & (chosen.lengths > 0)).any())
+        judged = _hybrid(_Offers(drafted), _Offers(lookups, (NGRAM, SUFFIX)), policy)
+        could = judged._a_lookup_could_be_taken(batch, live, drafted)  # type: ignore[arg-type]
+        assert could or not takes_a_lookup
+        skipped += not could
+    assert 25 < skipped < 475  # both outcomes were exercised
