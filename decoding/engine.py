@@ -321,9 +321,11 @@ class SpeculativeEngine:
         t_draft = max(t_draft - prefilled_s, 0.0)
         t_step = t_offer + t_draft + t_target + t_rest
         if self.max_k:
-            draft_model = bool((sources_h[num_draft_h > 0] == DRAFT_MODEL).any())
+            # the draft model runs as many forwards as its deepest row takes (decoding/model_free.py)
+            forwards = int(num_draft_h[sources_h == DRAFT_MODEL].max(initial=0))
+            offers_s = t_offer if offered else None
             self.policy.observe_step(
-                batch.rows, k, t_draft, t_target, t_step, t_offer=t_offer if offered else None, draft_model=draft_model
+                batch.rows, k, t_draft, t_target, t_step, t_offer=offers_s, draft_forwards=forwards
             )
         self._record(batch.rows, k, t_draft, t_target, t_step)
         self.stats.num_steps += 1

@@ -135,14 +135,15 @@ class SpeculationPolicy:
         t_total: float,
         *,
         t_offer: float | None = None,
-        draft_model: bool = True,
+        draft_forwards: int | None = None,
     ) -> None:
-        """One step's times: `t_draft` of proposing k tokens (`draft_model`: by the draft model's k
-        forwards; else looked up, counted as overhead), `t_target` of verifying k + 1 per row, `t_offer`
-        of the proposer's offers (None: the step made none)."""
-        drafted = draft_model and k > 0
+        """One step's times: `t_draft` of proposing k tokens (by `draft_forwards` forwards of the draft
+        model, None: k; 0: all looked up, counted as overhead), `t_target` of verifying k + 1 per row,
+        `t_offer` of the proposer's offers (None: the step made none)."""
+        forwards = k if draft_forwards is None else min(draft_forwards, k)
+        drafted = forwards > 0
         if drafted:
-            self.t_draft[rows].add(t_draft / k)
+            self.t_draft[rows].add(t_draft / forwards)
         self.t_target[rows][k + 1].add(t_target)
         if t_offer is not None:
             self.t_offer[rows].add(t_offer)
@@ -182,15 +183,17 @@ class SpeculationPolicy:
         """[K + 1] expected tokens a row yields from k = 0..K draft tokens of proposer `source`."""
         return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(source)))])
 
-    def step_times(self, rows: int, top: int, *, draft_model: bool = True) -> np.ndarray:
-        """[top + 1] estimated seconds of a step of `rows` rows verifying k + 1 tokens each, k = 0..top
-        (inf where not measured yet). Every step computes it: numpy over the few measured widths."""
+    def step_times(self, rows: int, top: int, *, draft_depth: int | None = None) -> np.ndarray:
+        """[top + 1] estimated seconds of a step of `rows` rows verifying k + 1 tokens each, k = 0..top,
+        whose draft model runs min(k, `draft_depth`) forwards (None: k; 0: no draft model): inf where
+        not measured yet. Every step computes it: numpy over the few measured widths."""
         widths = np.arange(1, top + 2)
         target = self._target_times(rows, widths)
         if target is None:
             return np.full(top + 1, np.inf)
+        depth = top if draft_depth is None else draft_depth
         draft: float | None = 0.0
-        if draft_model:
+        if depth > 0:
             draft = _value(_nearest(self._measured_drafts(), rows))
         if draft is None:
             return np.concatenate([target[:1], np.full(top, np.inf)])
@@ -200,7 +203,7 @@ class SpeculationPolicy:
             _value(_nearest(self.t_offer, rows)) or 0.0
         )
         overhead = np.where(widths > 1, speculative, plain)
-        return overhead + (widths - 1) * draft + target
+        return overhead + np.minimum(widths - 1, depth) * draft + target
 
     def _target_times(self, rows: int, widths: np.ndarray) -> np.ndarray | None:
         own = _measured(self.t_target.get(rows, {}))
@@ -266,9 +269,8 @@ class SpeculationPolicy:
     ) -> tuple[int, float]:
         """The k in [0, top] of the most expected tokens per second, and that rate (0 where no step time
         is known yet); no side effects."""
-        draft_model = _uses_draft_model(offers, sources)
         expected = self._expected_batch_tokens(top, offers, sources)  # [top + 1]
-        rates = expected / self.step_times(rows, top, draft_model=draft_model)
+        rates = expected / self.step_times(rows, top, draft_depth=_draft_depth(offers, sources))
         best = int(np.argmax(rates))
         if rates[best] < _MIN_GAIN * rates[0]:
             best = 0
@@ -290,7 +292,7 @@ class SpeculationPolicy:
         at the acceptance of whichever candidate expects the most at its offer's length."""
         by_length = np.max([self.expected_tokens_by_length(source) for source in candidates], axis=0)  # [K + 1]
         expected = offers.size + _accepted(by_length, offers, top)  # [top + 1]
-        return float(np.max(expected / self.step_times(rows, top, draft_model=False)))
+        return float(np.max(expected / self.step_times(rows, top, draft_depth=0)))
 
 
 def _accepted(expected_by_length: np.ndarray, offers: np.ndarray, top: int) -> np.ndarray:
@@ -302,10 +304,17 @@ def _accepted(expected_by_length: np.ndarray, offers: np.ndarray, top: int) -> n
 
 def _uses_draft_model(offers: np.ndarray | None, sources: np.ndarray | None) -> bool:
     """Whether a step with these offers runs the draft model (DRAFT_MODEL is proposer 0)."""
+    return _draft_depth(offers, sources) != 0
+
+
+def _draft_depth(offers: np.ndarray | None, sources: np.ndarray | None) -> int | None:
+    """The most forwards the draft model runs in a step with these offers: its deepest row's offer
+    (DRAFT_MODEL is proposer 0); None: as many as the step's k (every row drafts with it)."""
     if sources is None:
-        return True
-    offering = sources if offers is None else sources[offers > 0]
-    return bool((offering == 0).any())
+        return None
+    if offers is None:
+        return None if (sources == 0).any() else 0
+    return int(offers[sources == 0].max(initial=0))
 
 
 def _value(timing: _Timing | None) -> float | None:

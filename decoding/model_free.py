@@ -161,8 +161,9 @@ class HybridProposer:
         self.model_free.admit(batch, admission, stats)
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
-        drafted = self.draft.offer(batch, live, limits)
-        looking = live if self._a_lookup_could_be_taken(batch, live, drafted) else live[:0]
+        full = self.draft.offer(batch, live, limits)  # as long as each row may take
+        drafted, with_draft = self._draft_model_offers(batch, live, full)
+        looking = live if self._a_lookup_could_be_taken(batch, live, full, drafted, with_draft) else live[:0]
         looked_up = self.model_free.offer(batch, looking, limits)
         lengths, sources = drafted.lengths.copy(), drafted.sources.copy()
         rows = live[looked_up.lengths[live] > 0]
@@ -180,23 +181,36 @@ class HybridProposer:
         self._sources = mixed.sources
         return mixed
 
-    def _a_lookup_could_be_taken(self, batch: BatchState, live: np.ndarray, drafted: Offer) -> bool:
+    def _draft_model_offers(self, batch: BatchState, live: np.ndarray, full: Offer) -> tuple[Offer, float]:
+        """The draft model's offers no deeper than it would go alone, and that plan's rate (0 while not
+        measured): a wider verify that looked-up rows take then costs the draft model no more forwards."""
+        lengths = full.lengths[live]  # [live]
+        top = int(lengths.max(initial=0))
+        k_draft, with_draft = self.policy.best(batch.rows, top, lengths, full.sources[live]) if top else (0, 0.0)
+        drafted = Offer(full.lengths.copy(), full.sources)
+        if k_draft > 0:
+            drafted.lengths[live] = np.minimum(lengths, k_draft)
+        return drafted, with_draft
+
+    def _a_lookup_could_be_taken(
+        self, batch: BatchState, live: np.ndarray, full: Offer, drafted: Offer, with_draft: float
+    ) -> bool:
         """Whether either plan below could take a looked-up proposal this step, judged before any lookup
-        from the best a lookup could be: as long as the row's draft-model offer, at the acceptance of the
+        from the best a lookup could be: as long as the row may take (`full`), at the acceptance of the
         looked-up proposer that expects the most. Where it could not, the rows are not looked up and
         the plan is the one the lookups would have led to: the draft model for every row. (On the
         continuation workload at batch 16 the draft model won 338 of 343 lookups, and the lookups cost
-        the hybrid several per cent of each step; docs/benchmarks.md.)"""
-        lengths = drafted.lengths[live]  # [live]
+        the hybrid several per cent of each step; docs/benchmarks.md.) `drafted`: the draft model's
+        offers, `with_draft`: its best rate alone."""
+        lengths = full.lengths[live]  # [live]
         if not lengths.any():
             return False
         by_draft = self.policy.expected_tokens_by_length(DRAFT_MODEL)  # [K + 1]
         candidates = self.model_free.sources
         by_lookup = np.max([self.policy.expected_tokens_by_length(source) for source in candidates], axis=0)
-        if (by_lookup[lengths] >= by_draft[lengths]).any():
+        if (by_lookup[lengths] >= by_draft[drafted.lengths[live]]).any():
             return True
         top = int(lengths.max())
-        _, with_draft = self.policy.best(batch.rows, top, lengths, drafted.sources[live])
         return with_draft > 0 and self.policy.best_rate_of_any(batch.rows, top, lengths, candidates) > with_draft
 
     def _looked_up_alone_pays(self, batch: BatchState, live: np.ndarray, mixed: Offer, looked_up: Offer) -> bool:
@@ -217,7 +231,12 @@ class HybridProposer:
         ids, probs = self.model_free.propose(batch, k, num_draft_h * looked_up, stats)
         if not by_draft.any():
             return ids, probs
-        draft_ids, draft_probs = self.draft.propose(batch, k, num_draft_h * by_draft, stats)
+        # the draft model runs only as deep as its own rows go; looked-up rows may verify further
+        depth = int(num_draft_h[by_draft].max())
+        draft_ids, draft_probs = self.draft.propose(batch, depth, num_draft_h * by_draft, stats)
+        draft_ids = torch.nn.functional.pad(draft_ids, (0, k - depth))  # [rows, k]
+        if draft_probs is not None:
+            draft_probs = torch.nn.functional.pad(draft_probs, (0, 0, 0, k - depth))  # [rows, k, V]
         rows = np.flatnonzero(looked_up)
         if rows.size == 0:
             return draft_ids, draft_probs

@@ -183,9 +183,22 @@ def test_the_offers_time_is_charged_to_speculating_only():
     for width in range(1, 6):
         for _ in range(3):
             policy.observe_step(1, width - 1, 0.0, 0.010, 0.021, t_offer=0.010)
-    times = policy.step_times(1, 4, draft_model=False)
+    times = policy.step_times(1, 4, draft_depth=0)
     assert times[0] == pytest.approx(0.011)
     assert times[1:] == pytest.approx([0.021] * 4)
     for _ in range(50):
         policy.observe_acceptance(np.array([0]), np.array([4]), np.array([1]))  # rarely accepted
     assert policy.best(1, 4, np.array([4]), np.array([1]))[0] == 0
+
+
+def test_a_step_pays_for_as_many_draft_forwards_as_its_deepest_draft_model_row():
+    # 2 ms a draft forward, 10 ms a verify at any width: a step whose draft-model rows take at most 2
+    # tokens runs 2 draft forwards, however wide looked-up rows make the verify
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    for width in range(1, 6):
+        for _ in range(3):
+            policy.observe_step(1, width - 1, 0.002 * min(width - 1, 2), 0.010, 0.010, draft_forwards=2)
+    # a forward is 2 ms (not 4 ms over k = 4 forwards)
+    assert policy.step_times(1, 4) == pytest.approx([0.010, 0.012, 0.014, 0.016, 0.018])
+    assert policy.step_times(1, 4, draft_depth=2) == pytest.approx([0.010, 0.012, 0.014, 0.014, 0.014])
+    assert policy.step_times(1, 4, draft_depth=0) == pytest.approx([0.010] * 5)

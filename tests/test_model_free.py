@@ -14,12 +14,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding import engine as decoding_engine
 from specq.decoding import sampling as decoding_sampling
 from specq.decoding.k_policy import SpeculationPolicy
-from specq.decoding.model_free import HybridProposer
+from specq.decoding.model_free import HybridProposer, point_mass_probs
 from specq.decoding.prompt_lookup import RowLookup
 from specq.decoding.proposer import Offer
 from specq.decoding.stats import DRAFT_MODEL, NGRAM, SUFFIX
@@ -395,8 +396,52 @@ def test_the_hybrid_skips_lookups_only_where_neither_plan_would_have_taken_one()
         shown._a_lookup_could_be_taken = lambda *args: True  # type: ignore[method-assign]
         chosen = shown.offer(batch, live, draft_lengths)  # type: ignore[arg-type]
         takes_a_lookup = bool(((chosen.sources != DRAFT_MODEL) & (chosen.lengths > 0)).any())
-        judged = _hybrid(_Offers(drafted), _Offers(lookups, (NGRAM, SUFFIX)), policy)
-        could = judged._a_lookup_could_be_taken(batch, live, drafted)  # type: ignore[arg-type]
+        asked = _Offers(lookups, (NGRAM, SUFFIX))
+        _hybrid(_Offers(drafted), asked, policy).offer(batch, live, draft_lengths)  # type: ignore[arg-type]
+        could = asked.asked[-1].size > 0
         assert could or not takes_a_lookup
         skipped += not could
     assert 25 < skipped < 475  # both outcomes were exercised
+
+
+def test_the_hybrids_draft_rows_go_no_deeper_than_the_draft_model_alone_would():
+    # a draft model at 50% acceptance pays for few tokens; a looked-up row may still take all 4
+    policy = _policy_of(0.001, {DRAFT_MODEL: 0.5, NGRAM: 1.0, SUFFIX: 0.3})
+    rows = 5
+    k_draft, _ = policy.best(rows, 4, np.full(rows, 4), np.full(rows, DRAFT_MODEL))
+    assert 0 < k_draft < 4
+    looked_up = Offer(np.array([0, 4, 0, 0, 0]), np.full(rows, NGRAM))  # only row 1 has a match
+    drafted = _Offers(Offer(np.full(rows, 4), np.full(rows, DRAFT_MODEL)))
+    hybrid = _hybrid(drafted, _Offers(looked_up, (NGRAM,)), policy)
+    offer = hybrid.offer(SimpleNamespace(rows=rows), np.arange(rows), np.full(rows, 4))  # type: ignore[arg-type]
+    assert offer.sources.tolist() == [DRAFT_MODEL, NGRAM, DRAFT_MODEL, DRAFT_MODEL, DRAFT_MODEL]
+    assert offer.lengths.tolist() == [k_draft, 4, k_draft, k_draft, k_draft]
+
+
+def test_the_hybrids_draft_model_runs_only_as_deep_as_its_own_rows_go():
+    class Drafts:
+        def __init__(self) -> None:
+            self.depths: list[int] = []
+
+        def propose(self, batch, k, num_draft_h, stats):
+            self.depths.append(k)
+            return torch.full((batch.rows, k), 7), torch.full((batch.rows, k, 50), 1 / 50)
+
+        def forget_drafts(self, *args) -> None:
+            pass
+
+    class Lookups:
+        def propose(self, batch, k, num_draft_h, stats):
+            return torch.full((batch.rows, k), 9), point_mass_probs(torch.full((batch.rows, k), 9), 50)
+
+    drafts = Drafts()
+    hybrid = HybridProposer.__new__(HybridProposer)
+    hybrid.draft, hybrid.model_free = drafts, Lookups()  # type: ignore[assignment]
+    hybrid._sources = np.array([DRAFT_MODEL, NGRAM, DRAFT_MODEL])
+    sampled = SimpleNamespace(all_greedy=False, reproducible=False)
+    batch = SimpleNamespace(rows=3, device=torch.device("cpu"), sampling=sampled, seq_lens=None, seq_h=None)
+    ids, probs = hybrid.propose(batch, 4, np.array([2, 4, 1]), None)  # type: ignore[arg-type]
+    assert drafts.depths == [2]  # not 4 forwards
+    assert ids.tolist() == [[7, 7, 0, 0], [9, 9, 9, 9], [7, 7, 0, 0]]  # past a row's count: ignored padding
+    assert probs is not None and probs.shape == (3, 4, 50)
+    assert probs[1].argmax(-1).tolist() == [9] * 4 and float(probs[0, 2:].sum()) == 0.0
