@@ -124,6 +124,9 @@ class SpeculationPolicy:
         self._probes = 0
         self._best_at_last_probe: int | None = None
         self._resting_at: int | None = None  # the row count whose last choice was k = 0, until a probe
+        # what the hybrid and `choose` ask several times a step, kept until the next observation
+        self._expected_tokens: dict[int, np.ndarray] = {}  # source -> expected_tokens_by_length
+        self._step_times: dict[tuple[int, int, int | None], np.ndarray] = {}  # (rows, top, depth) -> step_times
 
     # -- observations -------------------------------------------------------------------------------
     def observe_step(
@@ -140,6 +143,7 @@ class SpeculationPolicy:
         """One step's times: `t_draft` of proposing k tokens (by `draft_forwards` forwards of the draft
         model, None: k; 0: all looked up, counted as overhead), `t_target` of verifying k + 1 per row,
         `t_offer` of the proposer's offers (None: the step made none)."""
+        self._step_times.clear()
         forwards = k if draft_forwards is None else min(draft_forwards, k)
         drafted = forwards > 0
         if drafted:
@@ -159,6 +163,7 @@ class SpeculationPolicy:
         Every proposer's counts fade each speculative step, the unused ones' too: a proposer that lost
         a few early proposals and was then never chosen drifts back to its prior and is tried again,
         instead of being locked out by a handful of observations for the rest of the job."""
+        self._expected_tokens.clear()
         for curve in self._acceptance.values():
             curve.fade()
         if sources is None:
@@ -181,12 +186,25 @@ class SpeculationPolicy:
 
     def expected_tokens_by_length(self, source: int = 0) -> np.ndarray:
         """[K + 1] expected tokens a row yields from k = 0..K draft tokens of proposer `source`."""
-        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(source)))])
+        expected = self._expected_tokens.get(source)
+        if expected is None:
+            expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(source)))])
+            expected.flags.writeable = False
+            self._expected_tokens[source] = expected
+        return expected
 
     def step_times(self, rows: int, top: int, *, draft_depth: int | None = None) -> np.ndarray:
         """[top + 1] estimated seconds of a step of `rows` rows verifying k + 1 tokens each, k = 0..top,
         whose draft model runs min(k, `draft_depth`) forwards (None: k; 0: no draft model): inf where
-        not measured yet. Every step computes it: numpy over the few measured widths."""
+        not measured yet. Kept until the next step is observed."""
+        key = (rows, top, draft_depth)
+        times = self._step_times.get(key)
+        if times is None:
+            times = self._step_times[key] = self._estimate_step_times(rows, top, draft_depth)
+            times.flags.writeable = False
+        return times
+
+    def _estimate_step_times(self, rows: int, top: int, draft_depth: int | None) -> np.ndarray:
         widths = np.arange(1, top + 2)
         target = self._target_times(rows, widths)
         if target is None:
