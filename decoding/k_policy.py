@@ -20,7 +20,9 @@ Unmeasured target widths are interpolated between measured ones; a row count not
 width borrows the shape of the nearest row count's curve (what width w costs relative to a width it
 measured), so a batch that shrinks row by row at the end of a job needs no new warm-up steps, and the
 steps it does take measure its own times. Draft forwards are timed only on steps where the draft
-model ran (a looked-up proposal costs no forward; its host time is part of the step's overhead).
+model ran (a looked-up proposal costs no forward; its host time is part of the step's overhead), and
+a step runs as many as its deepest draft-model row takes, which may be fewer than its k where the
+hybrid's looked-up rows verify further (decoding/model_free.py).
 
 Every `probe_interval` steps a neighbouring k is tried, and every fourth probe the full K, so estimates
 never go stale; while probes leave the choice where it was, the interval doubles (up to

@@ -198,10 +198,8 @@ class HybridProposer:
         """Whether either plan below could take a looked-up proposal this step, judged before any lookup
         from the best a lookup could be: as long as the row may take (`full`), at the acceptance of the
         looked-up proposer that expects the most. Where it could not, the rows are not looked up and
-        the plan is the one the lookups would have led to: the draft model for every row. (On the
-        continuation workload at batch 16 the draft model won 338 of 343 lookups, and the lookups cost
-        the hybrid several per cent of each step; docs/benchmarks.md.) `drafted`: the draft model's
-        offers, `with_draft`: its best rate alone."""
+        the plan is the one the lookups would have led to: the draft model for every row, without the
+        lookups' time. `drafted`: the draft model's offers, `with_draft`: its best rate alone."""
         lengths = full.lengths[live]  # [live]
         if not lengths.any():
             return False
