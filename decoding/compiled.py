@@ -3,9 +3,13 @@ against its eager forward before it is trusted.
 
 An eager decode step of a small model is mostly Python and operator dispatch (on a GPU, kernel
 launches), not arithmetic: gpt-fast and vLLM decode through compiled graphs for that reason. Here the
-whole Hugging Face forward is compiled with dynamic shapes, so the ragged batches of the engine (rows,
-k + 1 tokens, the columns attention reads) reuse a few graphs instead of compiling one per shape; the
-per-row cache (decoding/kv_cache.py) and its rollback are unchanged.
+whole Hugging Face forward is compiled with torch's automatic dynamic shapes: a graph is specialised
+to the shapes it first sees, and a dimension turns symbolic once it has varied (the rows as a batch
+drains, the k + 1 tokens a step verifies, the columns attention reads), so the engine's ragged batches
+reuse a few graphs instead of compiling one per shape, while a dimension that never varies (the one
+row of a batch-1 job) keeps static kernels. On the 2-core CPU that made a decode step 2-10% faster
+than compiling every dimension dynamic (`python benchmarks/compile_shapes.py`, docs/benchmarks.md).
+The per-row cache (decoding/kv_cache.py) and its rollback are unchanged.
 
 Before a compiled model is used, a warm-up runs a ragged prefill and a decode step through it and
 through the eager model, on the engine's own cache: a model that does not compile (an operator the
@@ -52,7 +56,8 @@ def wants_compile(mode: CompileMode, device: torch.device) -> bool:
 
 
 # Shapes the engine feeds a model: batch rows and tokens a step (1 and more each: dynamic shapes still
-# specialise 0 and 1), prefill and step: a dozen graphs, past torch's default limit of 8 for one function
+# specialise 0 and 1), prefill and step, each first static and then dynamic once it varies: a dozen or
+# two graphs, past torch's default limit of 8 for one function
 RECOMPILE_LIMIT = 64
 
 
@@ -72,7 +77,7 @@ def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     compiled: Any = model
     try:
-        compiled = torch.compile(model, dynamic=True, backend=backend)
+        compiled = torch.compile(model, backend=backend)
         problem = _warm_up(model, compiled)
     except Exception as exc:  # the compiler's own errors have no common base class
         problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
