@@ -17,8 +17,9 @@
   proposal; (b) looked-up proposals alone, with no draft forward at all (rows without a match verify
   only their one token). So a long confident match is not slowed by the draft forwards that the rest
   of the batch would need only where those forwards earn less than they cost. Rows are looked up only
-  on steps where a lookup as long as the draft model's offer could be taken by either plan: where the
-  draft model always wins, the hybrid costs what the draft model alone does.
+  on steps where a lookup as long as the row may take could be taken by either plan, and the draft
+  model's rows go no deeper than it would go alone, so a wide verify that looked-up rows take costs
+  it no more forwards.
 
 A looked-up token is a point mass: its draft probability is one-hot, so modified rejection sampling
 accepts it with probability target_probs[token] and, on rejection, samples the recovered token from
@@ -183,7 +184,9 @@ class HybridProposer:
 
     def _draft_model_offers(self, batch: BatchState, live: np.ndarray, full: Offer) -> tuple[Offer, float]:
         """The draft model's offers no deeper than it would go alone, and that plan's rate (0 while not
-        measured): a wider verify that looked-up rows take then costs the draft model no more forwards."""
+        measured): a wider verify that looked-up rows take then costs the draft model no more forwards.
+        Where it would not speculate alone, its offers stand, for the step's choice to weigh with the
+        looked-up ones."""
         lengths = full.lengths[live]  # [live]
         top = int(lengths.max(initial=0))
         k_draft, with_draft = self.policy.best(batch.rows, top, lengths, full.sources[live]) if top else (0, 0.0)

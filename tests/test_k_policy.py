@@ -202,3 +202,17 @@ def test_a_step_pays_for_as_many_draft_forwards_as_its_deepest_draft_model_row()
     assert policy.step_times(1, 4) == pytest.approx([0.010, 0.012, 0.014, 0.016, 0.018])
     assert policy.step_times(1, 4, draft_depth=2) == pytest.approx([0.010, 0.012, 0.014, 0.014, 0.014])
     assert policy.step_times(1, 4, draft_depth=0) == pytest.approx([0.010] * 5)
+
+
+def test_the_kept_estimates_follow_every_observation():
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    prior = policy.expected_tokens_by_length(0).copy()
+    policy.observe_acceptance(np.array([0]), np.array([4]))  # the draft model's first token rejected
+    assert policy.expected_tokens_by_length(0)[4] < prior[4]
+    for width in range(1, 6):
+        for _ in range(3):
+            policy.observe_step(1, width - 1, 0.001 * (width - 1), 0.010, 0.010 + 0.001 * (width - 1))
+    widest = policy.step_times(1, 4)[4]
+    for _ in range(15):
+        policy.observe_step(1, 4, 0.004, 0.050, 0.054)  # the widest verify turned slow
+    assert policy.step_times(1, 4)[4] > widest
