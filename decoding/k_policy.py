@@ -266,7 +266,7 @@ class SpeculationPolicy:
         # row counts borrow the curve's shape); and the draft model's forward once it is to run.
         if not any(len(_measured(widths)) >= 2 for widths in self.t_target.values()):
             return 0 if top + 1 in _measured(self.t_target.get(rows, {})) else top
-        if _uses_draft_model(offers, sources) and not self._measured_drafts():
+        if _draft_depth(offers, sources) != 0 and not self._measured_drafts():  # the draft model runs
             return top
         best, _ = self.best(rows, top, offers, sources)
         self._resting_at = rows if best == 0 else None
@@ -320,11 +320,6 @@ def _accepted(expected_by_length: np.ndarray, offers: np.ndarray, top: int) -> n
     gains = expected_by_length[: top + 1] - 1.0  # [top + 1] accepted of j drafted
     taken = np.minimum(np.minimum(offers, top)[:, None], np.arange(top + 1))  # [n, top + 1]
     return gains[taken].sum(axis=0)
-
-
-def _uses_draft_model(offers: np.ndarray | None, sources: np.ndarray | None) -> bool:
-    """Whether a step with these offers runs the draft model (DRAFT_MODEL is proposer 0)."""
-    return _draft_depth(offers, sources) != 0
 
 
 def _draft_depth(offers: np.ndarray | None, sources: np.ndarray | None) -> int | None:
