@@ -497,9 +497,14 @@ def load_bench_pair(
             progress("using the demo pair (building it on first use takes a few minutes)")
             demo = build_demo_models()
             target, draft = str(demo.target_dir), str(demo.draft_dir)
-        return load_pair(target, draft, device, dtype, compile), device, target, draft
+        pair = load_pair(target, draft, device, dtype, compile)
     except ValueError as exc:
         raise SpecqError(str(exc)) from exc
+    for role, outcome in pair.compiled.items():
+        progress(f"{role}: {outcome.summary()}")
+    if pair.warm_up_s:
+        progress(f"a warm-up decode through the compiled models: {pair.warm_up_s:.1f}s")
+    return pair, device, target, draft
 
 
 def run_benchmark(

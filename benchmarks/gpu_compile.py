@@ -35,7 +35,7 @@ def main() -> None:
     from specq.bench import hf_baselines
     from specq.bench.roofline import decode_forward_seconds, forward_floor_seconds, measure_bandwidth, weight_bytes
     from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-    from specq.decoding.compiled import compile_model
+    from specq.decoding.compiled import compile_model, warm_up_decoding
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -82,13 +82,14 @@ def main() -> None:
     for name, model in eager.items():
         compiled[name], outcome = compile_model(model, name, "on", backend=args.backend)
         compile_s[name] = outcome.seconds
+    tokenizer = Tokenizer()
+    compile_s["warm-up decode"] = warm_up_decoding(compiled["target"], compiled["draft"], tokenizer)  # as a worker
 
     bandwidth = measure_bandwidth(device, weights["target"])
 
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, vocab, (int(n),), generator=generator).tolist() for n in torch.randint(16, 64, (64,))]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    tokenizer = Tokenizer()
 
     def specq_rate(models, batch_size: int) -> tuple[float, float]:
         config = DecodingConfig(num_speculative_tokens=4, batch_size=batch_size, fixed_k=True)

@@ -112,7 +112,11 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     help="With --workloads: the contenders (the draft axis): target-only, the draft model, prompt lookup, "
     "the suffix index, and the hybrid of the draft model with the suffix index.",
 )
-@compile_option("off", "Compiled forwards for every contender (as run/submit --compile; auto: on CUDA only).")
+@compile_option(
+    "off",
+    "Compiled forwards for every contender (as run/submit --compile); on also keeps each model's measured "
+    "speedup for later auto runs.",
+)
 @click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), help="Write the full results as JSON here ('-': stdout)."
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from specq.errors import ModelLoadError
@@ -17,6 +17,8 @@ from specq.models.families import attention_implementation, why_unsupported
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from specq.decoding.compiled import CompileOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +126,9 @@ class ModelPair:
     tokenizer: PreTrainedTokenizerBase
     target_name: str
     draft_name: str | None
+    # role ("target", "draft") -> what `--compile` did with it (decoding.compiled); empty with `off`
+    compiled: dict[str, CompileOutcome] = field(default_factory=dict)
+    warm_up_s: float = 0.0  # decoding a few requests through the compiled models at load (decoding.compiled)
 
 
 def check_same_vocab(
@@ -171,13 +176,17 @@ def load_pair(
                 f"the model {name!r} has {model.config.vocab_size} output logits, fewer than the "
                 f"{len(tokenizer)} tokens of its tokenizer"
             )
+    pair = ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
     if compile != "off":
-        from specq.decoding.compiled import compile_model
+        from specq.decoding.compiled import compile_model, warm_up_decoding
 
-        target_model, _ = compile_model(target_model, target, compile)  # type: ignore[arg-type]
+        pair.target, pair.compiled["target"] = compile_model(target_model, target, compile)  # type: ignore[arg-type]
         if draft_model is not None and draft is not None:
-            draft_model, _ = compile_model(draft_model, draft, compile)  # type: ignore[arg-type]
-    return ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
+            pair.draft, pair.compiled["draft"] = compile_model(draft_model, draft, compile)  # type: ignore[arg-type]
+        if any(outcome.compiled for outcome in pair.compiled.values()):
+            pair.warm_up_s = warm_up_decoding(pair.target, pair.draft, tokenizer)
+            logger.info("decoded a warm-up through the compiled models in %.1fs", pair.warm_up_s)
+    return pair
 
 
 def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:

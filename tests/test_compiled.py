@@ -10,10 +10,9 @@ backend (the default) was checked by hand and by `specq bench --compile on` (doc
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-from specq.decoding.compiled import compile_model, wants_compile
+from specq.decoding.compiled import compile_model
 from specq.errors import ModelCompileError
 from tests.services import invoke, write_requests
 from tests.tiny_models import IdTokenizer, noisy_copy, reference_greedy, tiny_llama
@@ -58,12 +57,89 @@ def test_compiled_sampling_draws_what_eager_draws(pair, compiled_pair) -> None:
         assert decode(compiled_pair[0], compiled_pair[1], params) == decode(pair[0], pair[1], params)
 
 
-def test_auto_compiles_on_cuda_only() -> None:
-    assert not wants_compile("auto", torch.device("cpu"))
-    assert wants_compile("auto", torch.device("cuda", 0))
-    assert wants_compile("on", torch.device("cpu")) and not wants_compile("off", torch.device("cuda", 0))
-    model = tiny_llama(vocab=64)
-    assert compile_model(model, "m", "auto")[0] is model  # CPU: eager, nothing compiled
+def test_the_warm_up_compiles_every_graph_a_job_then_takes(compiled_pair) -> None:
+    """After `warm_up_decoding`, jobs at other batch sizes, prompt lengths, sampling settings and
+    proposers compile nothing more: the compile is paid at load, where it is reported."""
+    from torch._dynamo.utils import counters
+
+    from specq.decoding.compiled import warm_up_decoding
+
+    target, draft = compiled_pair
+    warm_up_decoding(target, draft, IdTokenizer())
+    warm_up_decoding(target, None, IdTokenizer())
+    graphs = counters["stats"]["unique_graphs"]
+    prompts = [[5, 9, 3, 12, 7, 5, 9, 3], [4, 8], [17, 3, 3, 25, 6, 9, 9, 30, 31, 17, 3, 3], [7] * 20, [2, 40, 41]]
+    for params in (SamplingParams(max_tokens=14, temperature=0.0), SamplingParams(max_tokens=9, logprobs=2, seed=4)):
+        requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(prompts)]
+        for with_draft, config in (
+            (True, DecodingConfig(batch_size=1)),
+            (True, DecodingConfig(batch_size=4)),
+            (False, DecodingConfig(batch_size=5, model_free="ngram")),
+            (True, DecodingConfig(batch_size=2, model_free="suffix")),
+        ):
+            list(SpeculativeEngine(target, IdTokenizer(), draft if with_draft else None, config).generate(requests))
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_auto_on_a_cpu_compiles_only_where_a_compile_here_measured_it_faster(pair, monkeypatch) -> None:
+    """auto on a CPU follows the speedup a compile on this machine kept for the model's config; it
+    keeps the compiled forward only where this compile measures it faster again."""
+    import specq.decoding.compiled as compiled
+
+    model = pair[0]
+    got, outcome = compile_model(model, "m", "auto", backend="aot_eager")
+    assert got is model and not outcome.compiled and "not measured here yet" in outcome.reason
+
+    monkeypatch.setattr(compiled, "_measure_speedup", lambda model, compiled: 1.3)
+    got, outcome = compile_model(model, "m", "on", backend="aot_eager")
+    assert got is not model and outcome.compiled and outcome.speedup == 1.3
+    assert compile_model(model, "m", "auto", backend="aot_eager")[1].compiled  # what `on` measured counts
+    other = tiny_llama(vocab=64, layers=2, hidden=32, seed=3)  # another config: measured apart
+    assert compile_model(other, "other", "auto", backend="aot_eager")[0] is other
+    assert compile_model(model, "m", "auto", backend="inductor")[0] is model  # another backend too
+
+    monkeypatch.setattr(compiled, "_measure_speedup", lambda model, compiled: 0.9)
+    got, outcome = compile_model(model, "m", "auto", backend="aot_eager")  # measured slower this time: eager
+    assert got is model and not outcome.compiled and outcome.speedup == 0.9 and "0.90x" in outcome.reason
+    got, outcome = compile_model(model, "m", "auto", backend="aot_eager")  # and not compiled again
+    assert got is model and outcome.seconds == 0.0 and "measured 0.90x here" in outcome.reason
+    assert compile_model(model, "m", "on", backend="aot_eager")[1].compiled  # on: compiled, whatever it measures
+    assert compile_model(model, "m", "off")[0] is model
+
+
+def test_a_compile_measures_a_speedup_and_keeps_it(pair) -> None:
+    from specq.decoding.compile_speedups import recorded_speedup, speedup_key
+
+    _, outcome = compile_model(pair[1], "draft", "on", backend="aot_eager")
+    assert outcome.speedup is not None and 0.0 < outcome.speedup < float("inf")
+    assert recorded_speedup(speedup_key(pair[1], "aot_eager")) == pytest.approx(outcome.speedup, abs=1e-4)
+    assert recorded_speedup(speedup_key(pair[1], "inductor")) is None
+
+
+def test_a_damaged_speedup_file_is_measured_afresh(pair, caplog) -> None:
+    from specq.decoding.compile_speedups import FILE_NAME, record_speedup, recorded_speedup, speedup_key
+    from specq.paths import data_dir
+
+    key = speedup_key(pair[0], "inductor")
+    (data_dir() / FILE_NAME).write_text('{"cut short')
+    assert recorded_speedup(key) is None and FILE_NAME in caplog.text
+    record_speedup(key, "/some/folder/target", 1.25)
+    assert recorded_speedup(key) == 1.25
+    assert "/some/folder" not in (data_dir() / FILE_NAME).read_text()
+
+
+def test_a_workers_metrics_show_what_compiling_took_and_gained() -> None:
+    from specq.decoding.compiled import CompileOutcome
+    from specq.worker.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics.create()
+    outcomes = {"target": CompileOutcome(True, 12.5, speedup=1.4), "draft": CompileOutcome(False, 3.0, "x", 0.9)}
+    metrics.set_compiled("demo", "cpu", outcomes, 30.0)
+    value = metrics.registry.get_sample_value
+    assert value("specq_model_compile_seconds", {"model_name": "demo", "device": "cpu", "role": "target"}) == 12.5
+    assert value("specq_model_compile_speedup", {"model_name": "demo", "device": "cpu", "role": "target"}) == 1.4
+    assert value("specq_model_compile_speedup", {"model_name": "demo", "device": "cpu", "role": "draft"}) == 1.0
+    assert value("specq_model_compile_seconds", {"model_name": "demo", "device": "cpu", "role": "warm_up"}) == 30.0
 
 
 def _failing_backend(graph, example_inputs):

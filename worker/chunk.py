@@ -389,6 +389,8 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
         for request in triage.runnable:
             writer.add(GenerationResult.failed(request.id, str(exc)))
         return _Unfinished()
+    if ctx.metrics is not None:
+        ctx.metrics.set_compiled(writer.model, ctx.config.device, pair.compiled, pair.warm_up_s)
     ready, failed = _prepare(pair, triage.runnable, job.settings)
     for result in failed:
         writer.add(result)

@@ -17,6 +17,10 @@ Timings, all histograms in seconds, per request unless said otherwise:
 - time per output token: the engine's time after the first token, per further token;
 - chunk duration: one chunk task, claim to settle.
 
+Gauges of the loaded models: the seconds `--compile` took at load, and the decode-step speedup it
+measured (decoding/compiled.py), per role (target, draft; warm_up: the decode that compiles the
+engine's shapes, in seconds only).
+
 `model_name` is the served name (the job's `served_model_name`, else the target's Hugging Face id, or the
 folder name of a local target): never a path of the worker's disk.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +49,8 @@ from specq.decoding.types import GenerationResult
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
+
+    from specq.decoding.compiled import CompileOutcome
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,8 @@ class WorkerMetrics:
     time_to_first_token: Histogram
     time_per_output_token: Histogram
     chunk_duration: Histogram
+    compile_seconds: Gauge
+    compile_speedup: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None, fleet: Collector | None = None) -> WorkerMetrics:
@@ -172,6 +181,18 @@ class WorkerMetrics:
                 buckets=CHUNK_BUCKETS,
                 registry=r,
             ),
+            compile_seconds=Gauge(
+                "specq_model_compile_seconds",
+                "Seconds this worker spent compiling and checking the model at load (--compile).",
+                (*LABELS, "role"),
+                registry=r,
+            ),
+            compile_speedup=Gauge(
+                "specq_model_compile_speedup",
+                "A decode step's eager over compiled time, as its compile measured it; 1 where it runs eagerly.",
+                (*LABELS, "role"),
+                registry=r,
+            ),
         )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> bool:
@@ -213,6 +234,17 @@ class WorkerMetrics:
                 if result.completion_tokens > 1:
                     per_token = (result.latency_s - result.first_token_s) / (result.completion_tokens - 1)
                     self.time_per_output_token.labels(*labels).observe(max(0.0, per_token))
+
+    def set_compiled(self, model: str, device: str, compiled: Mapping[str, CompileOutcome], warm_up_s: float) -> None:
+        """What `--compile` did with each model of the pair (role: target, draft) when it was loaded, and
+        the warm-up decode through the compiled models (role: warm_up)."""
+        if compiled:
+            self.compile_seconds.labels(model, device, "warm_up").set(warm_up_s)
+        for role, outcome in compiled.items():
+            self.compile_seconds.labels(model, device, role).set(outcome.seconds)
+            self.compile_speedup.labels(model, device, role).set(
+                outcome.speedup if outcome.compiled and outcome.speedup else 1.0
+            )
 
     def set_load(self, model: str, device: str, outstanding: int, batch_size: int) -> None:
         """Outstanding claimed requests: up to batch_size of them run, the rest wait for a slot."""
