@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CompileOutcome:
     compiled: bool
-    seconds: float = 0.0  # compiling and checking, in the warm-up
+    seconds: float = 0.0  # compiling, checking against eager and timing a decode step
     reason: str = ""  # why the model runs eagerly ("" when compiled)
     speedup: float | None = None  # eager over compiled time of a decode step, as the compile measured it
 

@@ -121,9 +121,10 @@ class RaggedLM:
         positions = columns if kv_length <= self.max_context else columns.clamp(max=self.max_context - 1)
         masks = self._attention_masks(columns, kv_length)
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
-        # in fresh row-major strides: a compiled forward would take another graph for a strided view (a
-        # draft's slice), and `contiguous()` keeps a one-row view's strides as they were
-        input_ids = input_ids.clone(memory_format=torch.contiguous_format)
+        # in row-major strides: a compiled forward would take another graph for a strided view (a draft's
+        # slice), and `contiguous()` keeps a one-row view's strides as they were; copied only then
+        if input_ids.stride() != (input_ids.shape[1], 1):
+            input_ids = input_ids.clone(memory_format=torch.contiguous_format)
         logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
         if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0
             logits = torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
