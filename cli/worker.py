@@ -33,9 +33,9 @@ DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both
 )
 @compile_option(
     "auto",
-    "Compiled forwards for jobs submitted with --compile auto: auto compiles on CUDA, and on a CPU where a "
-    "compile on this machine measured the model faster; on fails a job whose models cannot be compiled; off "
-    "never compiles.",
+    "Compiled forwards for jobs submitted with --compile auto: auto compiles on CUDA (with CUDA graphs), and "
+    "on a CPU where a compile on this machine measured the model faster; on fails a job whose models cannot be "
+    "compiled; off never compiles.",
 )
 @click.option(
     "--models-cached", type=click.IntRange(min=1), default=1, show_default=True, help="Model pairs kept loaded."

@@ -18,6 +18,7 @@ import torch
 
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.sampling import SamplingTensors
+from specq.decoding.static_shapes import capacity_bucket, row_bucket
 from specq.decoding.stopping import StopChecker
 from specq.decoding.types import GenerationRequest
 
@@ -109,16 +110,24 @@ class BatchState:
     the device once."""
 
     def __init__(
-        self, num_layers: int, device: torch.device, proposer: RowState | None, reproducible: bool = False
+        self,
+        target_cache: RaggedKVCache,
+        device: torch.device,
+        proposer: RowState | None,
+        reproducible: bool = False,
+        static_rows: int | None = None,
     ) -> None:
+        """`static_rows`: the batch size, where rows and capacity come in the static path's sizes
+        (decoding/static_shapes.py); None: rows as admitted, capacity in multiples of 64 columns."""
         self.device = device
         self.reproducible = reproducible  # sampling by the coupled race (decoding/sampling.py)
+        self.static_rows = static_rows
         self.proposer = proposer
         self.token_ids = torch.zeros(0, 0, dtype=torch.int64, device=device)  # [rows, capacity], left-aligned
         self.seq_lens = torch.zeros(0, dtype=torch.int64, device=device)  # [rows]
         # [rows] 1 for a live row, 0 for a finished row that waits to be reused or dropped
         self.active = torch.zeros(0, dtype=torch.int64, device=device)
-        self.target_cache = RaggedKVCache(num_layers, 0, 0)
+        self.target_cache = target_cache
         self.sampling = SamplingTensors.build([], [], [], [], device, reproducible=reproducible)
         self.slots: list[Slot | None] = []
         # host mirrors, [rows] int64
@@ -208,14 +217,23 @@ class BatchState:
             self.proposer.release(rows, rows_t)
 
     def compact(self) -> None:
-        """Drop finished rows when they are at least half the batch (called once no request waits)."""
+        """Drop finished rows when they are at least half the batch, or with static shapes where the live
+        rows fit a smaller size (called once no request waits)."""
         live = self.live_rows()
-        if live.size and live.size * 2 <= self.rows:
+        if not live.size:
+            return
+        smaller = live.size * 2 <= self.rows
+        if self.static_rows is not None:  # a batch size that is not a power of two is a size of its own
+            smaller = row_bucket(live.size, self.static_rows) < self.rows
+        if smaller:
             self._resize(rows=live.size, capacity=self.capacity, keep=live)
 
     def _resize(self, rows: int, capacity: int, keep: np.ndarray | None = None) -> None:
         """Keep rows `keep` (default: all) first, then add empty rows up to `rows`; grow to `capacity`."""
-        capacity = -(-capacity // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM
+        if self.static_rows is None:
+            capacity = -(-capacity // _CAPACITY_QUANTUM) * _CAPACITY_QUANTUM
+        else:
+            rows, capacity = row_bucket(rows, self.static_rows), capacity_bucket(capacity)
         if keep is None and rows == self.rows and capacity == self.capacity:
             return
         keep_t = None if keep is None else torch.as_tensor(keep, device=self.device)

@@ -11,6 +11,12 @@ row of a batch-1 job) keeps static kernels. On the 2-core CPU that made a decode
 than compiling every dimension dynamic (`python benchmarks/compile_shapes.py`, docs/benchmarks.md).
 The per-row cache (decoding/kv_cache.py) and its rollback are unchanged.
 
+On CUDA (inductor) the forward is compiled with CUDA graphs too (`mode="reduce-overhead"`): an eager
+step there is launch-bound, and a graph replays the whole forward in one launch. A graph is recorded
+for each concrete shape, so a model compiled so decodes on static shapes (decoding/static_shapes.py):
+a few row counts, KV capacities and widths, recorded once each, with its prefills eager.
+SPECQ_CUDA_GRAPHS=0 compiles without them (an escape hatch; the shapes are then as on a CPU).
+
 Before a compiled model is used, a warm-up runs a ragged prefill and a decode step through it and
 through the eager model, on the engine's own cache: a model that does not compile (an operator the
 compiler refuses, a backend that fails) or whose compiled logits differ from eager falls back to eager
@@ -44,6 +50,7 @@ import torch
 
 from specq.decoding.compile_speedups import record_speedup, recorded_speedup, speedup_key
 from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer
+from specq.decoding.static_shapes import is_cuda_graphed, mark_cuda_graphed
 from specq.decoding.types import GenerationRequest, SamplingParams
 from specq.errors import ModelCompileError
 from specq.limits import COMPILE_MODES
@@ -105,7 +112,10 @@ def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = 
     compiled: Any = model
     speedup = 0.0
     try:
-        compiled = torch.compile(model, backend=backend)
+        cuda_graphs = device.type == "cuda" and backend == "inductor" and _cuda_graphs_wanted()
+        compiled = torch.compile(model, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
+        if cuda_graphs:
+            mark_cuda_graphed(compiled)  # before its first forward: every cache it sees must be static
         with torch.inference_mode():  # as the engine decodes: graphs traced otherwise would not serve it
             problem = _warm_up(model, compiled)
             if problem is None:
@@ -132,7 +142,7 @@ def _warm_up(model: CausalLM, compiled: Any) -> str | None:
     """Run a ragged prefill and a two-token step through both; what differs, or None."""
     outputs = []
     for candidate in (model, compiled):
-        lm = RaggedLM(candidate)
+        lm = RaggedLM(candidate, static=is_cuda_graphed(compiled))
         cache = lm.new_cache(rows=2, capacity=16)
         generator = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, lm.vocab_size, (2, 6), generator=generator).to(lm.device)  # [2, 6]
@@ -212,7 +222,8 @@ def _measure_speedup(model: CausalLM, compiled: Any) -> float:
 def _timed_steps(candidates: tuple[Any, ...], rows: int, width: int) -> list[Callable[[], float]]:
     """A timed step of each candidate on one cache, prefilled eagerly: the candidates are one model, so
     each step writes the same keys and values into the same columns."""
-    lms = [RaggedLM(candidate) for candidate in candidates]
+    static = any(is_cuda_graphed(candidate) for candidate in candidates)  # one cache, static for all
+    lms = [RaggedLM(candidate, static=static) for candidate in candidates]
     eager = lms[0]
     cache = eager.new_cache(rows=rows, capacity=_TIMED_CONTEXT + width)
     generator = torch.Generator().manual_seed(1)
@@ -233,6 +244,11 @@ def _timed_steps(candidates: tuple[Any, ...], rows: int, width: int) -> list[Cal
         return run
 
     return [timed(lm) for lm in lms]
+
+
+def _cuda_graphs_wanted() -> bool:
+    """CUDA graphs on CUDA unless SPECQ_CUDA_GRAPHS=0: an escape hatch, should a model's graphs misbehave."""
+    return os.environ.get("SPECQ_CUDA_GRAPHS", "1") != "0"
 
 
 def _cache_compiled_artefacts() -> None:

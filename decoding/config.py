@@ -32,6 +32,10 @@ class DecodingConfig:
     sampling: SamplingMode = "reproducible"
     # a model-free proposer (decoding/model_free.py), alone or, with a draft model, beside it per row
     model_free: ModelFree | None = None
+    # rows, KV capacity and draft catch-ups in a few sizes, attention over the whole capacity, prefill
+    # eager (decoding/static_shapes.py): what CUDA graphs need, and always on where a model was compiled
+    # with them; elsewhere it only pads work
+    static_shapes: bool = False
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens is None:

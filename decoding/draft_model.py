@@ -25,6 +25,7 @@ import torch
 from specq.decoding.hf_model import LAST_ONLY, RaggedLM
 from specq.decoding.proposer import Offer
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
+from specq.decoding.static_shapes import width_bucket
 from specq.decoding.stats import DRAFT_MODEL
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class DraftModelProposer:
         # The catch-up pass: row b feeds its columns [draft_lens[b], seq_lens[b]), right-padded to `width`.
         unseen = batch.seq_lens - self.draft_lens  # [rows] >= 1
         width = int((batch.seq_h - self.draft_h).max())
+        if self.lm.static:  # a catch-up of each width would be a graph of its own
+            width = width_bucket(width)
         columns = self.draft_lens[:, None] + batch.arange(width)  # [rows, width]
         columns = columns.clamp_(max=batch.capacity - 1)
         kv_length = min(int((self.draft_h + width).max()), batch.capacity)
@@ -144,12 +147,13 @@ class DraftModelProposer:
     def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
         device = self.draft_lens.device
         keep_t = None if keep is None else torch.as_tensor(keep, device=device)
-        kept_lens = self.draft_lens if keep_t is None else self.draft_lens.index_select(0, keep_t)
-        kept_h = self.draft_h if keep is None else self.draft_h[keep]
+        # rows past `rows` without `keep`: a new batch on a proposer that served a larger one
+        kept_lens = (self.draft_lens if keep_t is None else self.draft_lens.index_select(0, keep_t))[:rows]
+        kept_h = (self.draft_h if keep is None else self.draft_h[keep])[:rows]
         add = rows - kept_lens.shape[0]
         self.draft_lens = torch.cat([kept_lens, torch.zeros(add, dtype=torch.int64, device=device)])
         self.draft_h = np.concatenate([kept_h, np.zeros(add, np.int64)])
-        kept_unread = self.unread if keep is None else self.unread[keep]
+        kept_unread = (self.unread if keep is None else self.unread[keep])[:rows]
         self.unread = np.concatenate([kept_unread, np.zeros(add, bool)])
         self.cache.resize(rows, capacity, keep_t)
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,10 +48,12 @@ from specq.decoding.config import DecodingConfig
 from specq.decoding.draft_model import DraftModelProposer
 from specq.decoding.hf_model import LAST_ONLY, CausalLM, RaggedLM, Tokenizer, decode, eos_token_ids, start_token_id
 from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.model_free import HybridProposer, ModelFreeProposer
 from specq.decoding.proposer import Proposer
 from specq.decoding.rejection import greedy_accept, rejection_sample
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
+from specq.decoding.static_shapes import is_cuda_graphed, lease_cache
 from specq.decoding.stats import DRAFT_MODEL, EngineStats
 from specq.decoding.suffix_index import SuffixIndex
 from specq.decoding.types import GenerationRequest, GenerationResult, TokenLogprob
@@ -117,9 +120,13 @@ class SpeculativeEngine:
         by its proposals; None: a fresh one for this engine."""
         self.config = config or DecodingConfig()
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
-        self.target_lm = RaggedLM(target)
+        # a forward replaying CUDA graphs needs the shapes they were recorded with (decoding/static_shapes.py)
+        self.static_shapes = self.config.static_shapes or any(
+            is_cuda_graphed(model) for model in (target, draft) if model is not None
+        )
+        self.target_lm = RaggedLM(target, static=self.static_shapes)
         self.device = self.target_lm.device
-        draft_lm = None if draft is None else RaggedLM(draft)
+        draft_lm = None if draft is None else RaggedLM(draft, static=self.static_shapes)
         if draft_lm is not None and draft_lm.device != self.device:
             raise ValueError("target and draft must be on the same device")
         model_free = self.config.model_free
@@ -149,6 +156,7 @@ class SpeculativeEngine:
             if draft_lm is None
             else DraftModelProposer(draft_lm, self.max_k, self.vocab_size, self.target_lm.vocab_size)
         )
+        self._draft_proposer = draft
         if model_free is None:
             return draft
         looked_up = ModelFreeProposer(self.max_k, self.vocab_size, self.suffix_index)
@@ -161,12 +169,16 @@ class SpeculativeEngine:
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         started = time.perf_counter()
         waiting = iter(requests)
-        batch = BatchState(
-            self.target_lm.num_layers, self.device, self.proposer, self.config.sampling == "reproducible"
-        )
         exhausted = False
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), ExitStack() as caches:
+                batch = BatchState(
+                    self._target_cache(caches),
+                    self.device,
+                    self.proposer,
+                    self.config.sampling == "reproducible",
+                    static_rows=self.config.batch_size if self.static_shapes else None,
+                )
                 while True:
                     if not exhausted and batch.num_live() < self.config.batch_size:
                         admitted, failures, exhausted = self._take(waiting, batch)
@@ -182,6 +194,16 @@ class SpeculativeEngine:
                         batch.compact()
         finally:
             self.stats.time_total_s += time.perf_counter() - started
+
+    def _target_cache(self, caches: ExitStack) -> RaggedKVCache:
+        """The target's cache for one `generate`; with static shapes, the caches kept for the models, held
+        until it returns (the draft model's given to its proposer)."""
+        if not self.static_shapes:
+            return self.target_lm.new_cache(0, 0)
+        if self._draft_proposer is not None:
+            lm = self._draft_proposer.lm
+            self._draft_proposer.cache = caches.enter_context(lease_cache(lm.model, lm.num_layers))
+        return caches.enter_context(lease_cache(self.target_lm.model, self.target_lm.num_layers))
 
     def _take(
         self, waiting: Iterator[GenerationRequest], batch: BatchState

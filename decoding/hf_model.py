@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from specq.decoding.kv_cache import RaggedKVCache
+from specq.decoding.static_shapes import is_cuda_graphed
 
 LAST_ONLY = 1  # `keep` of a prefill whose logits nobody reads: the last position only
 
@@ -55,10 +56,17 @@ def decode(tokenizer: Tokenizer, token_ids: list[int]) -> str:
 
 
 class RaggedLM:
-    """One causal LM driven through a `RaggedKVCache`; logits come back padded to a shared vocabulary."""
+    """One causal LM driven through a `RaggedKVCache`; logits come back padded to a shared vocabulary.
 
-    def __init__(self, model: CausalLM) -> None:
+    With `static` shapes (decoding/static_shapes.py; always for a model compiled with CUDA graphs) a
+    step's attention reads the cache's whole capacity, and prefills run the eager forward."""
+
+    def __init__(self, model: CausalLM, static: bool = False) -> None:
         self.model = model
+        self.cuda_graphed = is_cuda_graphed(model)
+        self.static = static or self.cuda_graphed
+        # a compiled model's own module: a prompt of each length would otherwise be a graph of its own
+        self._prefill_model: CausalLM = getattr(model, "_orig_mod", model) if self.static else model
         self.device = next(model.parameters()).device
         text_config = model.config.get_text_config()
         self.num_layers: int = text_config.num_hidden_layers
@@ -76,7 +84,7 @@ class RaggedLM:
         self._chunk_size = int(getattr(text_config, "attention_chunk_size", None) or 0)
 
     def new_cache(self, rows: int, capacity: int) -> RaggedKVCache:
-        return RaggedKVCache(self.num_layers, rows, capacity)
+        return RaggedKVCache(self.num_layers, rows, capacity, static=self.static)
 
     def prefill(
         self,
@@ -95,18 +103,19 @@ class RaggedLM:
         cache.plan_prefill(rows, width)
         # contiguous, as a step's columns are: a compiled forward then needs no graph for other strides
         columns = torch.arange(width, device=input_ids.device).expand_as(input_ids).contiguous()  # [n, T]
-        return self._run(cache, input_ids, columns, vocab_size, keep)
+        return self._run(self._prefill_model, cache, input_ids, columns, vocab_size, keep)
 
     def step(
         self, cache: RaggedKVCache, input_ids: torch.Tensor, columns: torch.Tensor, kv_length: int, vocab_size: int
     ) -> torch.Tensor:
         """Logits [rows, T, vocab_size] for `input_ids` [rows, T] written at `columns` [rows, T] of each row;
-        attention reads the first `kv_length` columns."""
-        cache.plan_step(columns, kv_length)
-        return self._run(cache, input_ids, columns, vocab_size, None)
+        attention reads the first `kv_length` columns (with static shapes: all of them)."""
+        cache.plan_step(columns, cache.capacity if self.static else kv_length)
+        return self._run(self.model, cache, input_ids, columns, vocab_size, None)
 
     def _run(
         self,
+        model: CausalLM,
         cache: RaggedKVCache,
         input_ids: torch.Tensor,
         columns: torch.Tensor,
@@ -125,7 +134,10 @@ class RaggedLM:
         # slice), and `contiguous()` keeps a one-row view's strides as they were; copied only then
         if input_ids.stride() != (input_ids.shape[1], 1):
             input_ids = input_ids.clone(memory_format=torch.contiguous_format)
-        logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
+        if self.cuda_graphed and model is self.model:
+            # a CUDA graph's outputs live in its memory pool, overwritten by its next replay
+            logits = logits.clone()
         if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0
             logits = torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits
@@ -189,6 +201,8 @@ _SIGNATURES: dict[type, set[str]] = {}
 
 
 def _accepts(model: CausalLM, name: str) -> bool:
+    # a compiled model's forward takes (*args, **kwargs): its own module's names what it accepts
+    model = getattr(model, "_orig_mod", model)
     params = _SIGNATURES.get(type(model))
     if params is None:
         params = _SIGNATURES[type(model)] = set(inspect.signature(model.forward).parameters)

@@ -14,6 +14,10 @@ tokens is `lengths[b] -= r`: the stale columns are never seen again and get over
 be ragged (row b feeds n_b <= T real tokens, right-padded): the padding is written past the row's
 new length, where it is masked out and later overwritten.
 
+With static shapes (decoding/static_shapes.py) the buffers are marked as static inputs: a forward
+compiled with CUDA graphs writes them in place at the addresses it was recorded with, instead of
+being refused CUDA graphs for mutating an input.
+
 The model reads this through the standard `Cache` interface (`update` per layer), so any Hugging
 Face causal LM whose attention layers call `cache.update` and accept a prepared 4D mask works.
 """
@@ -46,6 +50,7 @@ class RaggedLayer(CacheLayerMixin):
     def __init__(self, owner: RaggedKVCache) -> None:
         super().__init__()
         self.owner = owner
+        self._bases: tuple[torch.Tensor, ...] = ()  # static shapes: (keys, values) the views are of
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _, heads, _, head_dim = key_states.shape
@@ -54,6 +59,16 @@ class RaggedLayer(CacheLayerMixin):
         self.values = value_states.new_zeros((*shape[:3], value_states.shape[-1]))
         self.device = key_states.device
         self.is_initialized = True
+        if self.owner.static:
+            self._bases = (self.keys, self.values)
+            self._view(self.owner.num_rows, self.owner.capacity)
+
+    def _view(self, num_rows: int, capacity: int) -> None:
+        """Static shapes: the layer's keys and values are the first rows and columns of buffers that only
+        grow, so they keep their address (a view's is its buffer's) through every resize that fits."""
+        self.keys, self.values = (base[:num_rows, :, :capacity] for base in self._bases)
+        for view in (self.keys, self.values):
+            torch._dynamo.mark_static_address(view)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -88,6 +103,9 @@ class RaggedLayer(CacheLayerMixin):
         """Keep `keep_rows` (in that order) in the first rows and grow to `num_rows` x `capacity`."""
         if not self.is_initialized:
             return
+        if self.owner.static:
+            self._resize_static(num_rows, capacity, keep_rows)
+            return
         assert self.keys is not None and self.values is not None
         old_keys, old_values = self.keys, self.values
         if keep_rows is not None:
@@ -102,13 +120,33 @@ class RaggedLayer(CacheLayerMixin):
         self.keys[:kept, :, :width] = old_keys[:, :, :width]
         self.values[:kept, :, :width] = old_values[:, :, :width]
 
+    def _resize_static(self, num_rows: int, capacity: int, keep_rows: torch.Tensor | None) -> None:
+        """As `resize`, in place where the buffers are large enough (a kept cache may come from a larger
+        batch: rows past `num_rows` are idle); grown, at a new address, only where they are not."""
+        if keep_rows is not None:
+            for base in self._bases:
+                base[: keep_rows.numel()] = base.index_select(0, keep_rows)  # gathered first, then written
+        old_rows, _, old_capacity, _ = self._bases[0].shape
+        if num_rows > old_rows or capacity > old_capacity:
+            grown = []
+            for base in self._bases:
+                new = base.new_zeros(
+                    (max(num_rows, old_rows), base.shape[1], max(capacity, old_capacity), base.shape[3])
+                )
+                new[:old_rows, :, :old_capacity] = base
+                grown.append(new)
+            self._bases = tuple(grown)
+        self._view(num_rows, capacity)
+
 
 class RaggedKVCache(Cache):
     """Per-row-length KV cache for one model. Row lengths live with the caller (the engine's batch)."""
 
-    def __init__(self, num_layers: int, num_rows: int, capacity: int) -> None:
+    def __init__(self, num_layers: int, num_rows: int, capacity: int, *, static: bool = False) -> None:
+        self.num_layers = num_layers
         self.num_rows = num_rows
         self.capacity = capacity
+        self.static = static  # buffers marked as static inputs (decoding/static_shapes.py)
         self.plan = WritePlan(columns=None, rows=None, kv_length=0)
         super().__init__(layers=[RaggedLayer(self) for _ in range(num_layers)])
 

@@ -143,7 +143,7 @@ class ModelFreeProposer:
             self.proposals[row] = []
 
     def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
-        kept = list(range(len(self.lookups))) if keep is None else keep.tolist()
+        kept = (list(range(len(self.lookups))) if keep is None else keep.tolist())[:rows]
         add = rows - len(kept)
         self.lookups = [self.lookups[i] for i in kept] + [None] * add
         self.proposals = [self.proposals[i] for i in kept] + [[] for _ in range(add)]
@@ -259,5 +259,5 @@ class HybridProposer:
     def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
         self.draft.resize(rows, capacity, keep)
         self.model_free.resize(rows, capacity, keep)
-        kept = self._sources if keep is None else self._sources[keep]
+        kept = (self._sources if keep is None else self._sources[keep])[:rows]
         self._sources = np.concatenate([kept, np.zeros(rows - kept.size, np.int64)])

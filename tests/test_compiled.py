@@ -57,6 +57,46 @@ def test_compiled_sampling_draws_what_eager_draws(pair, compiled_pair) -> None:
         assert decode(compiled_pair[0], compiled_pair[1], params) == decode(pair[0], pair[1], params)
 
 
+def test_a_compiled_model_takes_the_options_its_own_forward_takes(pair, compiled_pair) -> None:
+    """A compiled forward's signature is (*args, **kwargs): what it accepts is read from its own module,
+    so a compiled target still computes a prefill's last logits alone and emits the first token there."""
+    from specq.decoding.hf_model import RaggedLM
+
+    eager, compiled = RaggedLM(pair[0]), RaggedLM(compiled_pair[0])
+    assert compiled.keeps_logits and (compiled.keeps_logits, compiled._cache_kwarg) == (
+        eager.keeps_logits,
+        eager._cache_kwarg,
+    )
+    requests = [GenerationRequest(i, tuple(p), SamplingParams(max_tokens=1)) for i, p in enumerate(PROMPTS)]
+    engine = SpeculativeEngine(compiled_pair[0], IdTokenizer(), compiled_pair[1], DecodingConfig(batch_size=3))
+    assert len(list(engine.generate(requests))) == len(PROMPTS)
+    assert engine.stats.num_steps == 0
+
+
+def test_static_shapes_compile_a_jobs_graphs_once(pair, compiled_pair) -> None:
+    """The static-shape path (what CUDA graphs need) decodes the same tokens compiled, and once a job
+    has run, jobs of other sizes, prompts and lengths compile no graph more."""
+    from torch._dynamo.utils import counters
+
+    target, draft = compiled_pair
+    prompts = [[5, 9, 3, 12, 7, 5, 9, 3], [4, 8], [17, 3, 3, 25, 6, 9, 9, 30, 31, 17, 3, 3], [7] * 20, [2, 40, 41]]
+
+    def job(batch_size: int, max_tokens: int, first: int) -> None:
+        chosen = prompts[first:] + prompts[:first]
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(chosen)]
+        config = DecodingConfig(batch_size=batch_size, static_shapes=True)
+        got = {r.key: r.token_ids for r in SpeculativeEngine(target, IdTokenizer(), draft, config).generate(requests)}
+        assert got == {i: reference_greedy(pair[0], p, max_tokens) for i, p in enumerate(chosen)}
+
+    job(1, 16, 0)  # one row, then several (torch specialises a size of 1), as the warm-up decode does
+    job(4, 16, 0)
+    graphs = counters["stats"]["unique_graphs"]
+    for batch_size, max_tokens, first in ((3, 9, 1), (2, 20, 2), (1, 5, 3), (4, 12, 4)):
+        job(batch_size, max_tokens, first)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 def test_the_warm_up_compiles_every_graph_a_job_then_takes(compiled_pair) -> None:
     """After `warm_up_decoding`, jobs at other batch sizes, prompt lengths, sampling settings and
     proposers compile nothing more: the compile is paid at load, where it is reported."""

@@ -59,3 +59,31 @@ def test_bf16_draft_equal_to_target_and_sampling():
     results = list(engine.generate(requests))
     assert len(results) == len(requests) and all(r.error is None for r in results)
     assert engine.stats.acceptance_rate > 0.95  # bf16 rounding may differ between 1-token and k-token passes
+
+
+def test_cuda_graphs_decode_the_eager_tokens_on_static_shapes():
+    """--compile on CUDA records CUDA graphs: the engine then decodes on static shapes, every forward
+    graphed (none skipped for mutating the cache), the same tokens as eager, engine after engine."""
+    from torch._dynamo.utils import counters
+
+    from specq.decoding.compiled import compile_model, warm_up_decoding
+    from specq.decoding.static_shapes import is_cuda_graphed
+
+    target, draft = on_cuda(tiny_llama(seed=0)), on_cuda(noisy_copy(tiny_llama(seed=0), 0.002))
+    compiled_target, outcome = compile_model(target, "target", "on")
+    compiled_draft, _ = compile_model(draft, "draft", "on")
+    assert outcome.compiled and is_cuda_graphed(compiled_target) and is_cuda_graphed(compiled_draft)
+    warm_up_decoding(compiled_target, compiled_draft, IdTokenizer())
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=12 + 5 * i, temperature=0))
+        for i, p in enumerate(_prompts())
+    ]
+    for batch_size in (4, 3, 1, 4):
+        engine = SpeculativeEngine(
+            compiled_target, IdTokenizer(), compiled_draft, DecodingConfig(batch_size=batch_size)
+        )
+        assert engine.static_shapes
+        results = {r.key: r for r in engine.generate(requests)}
+        for i, prompt in enumerate(_prompts()):
+            assert results[i].token_ids == _reference(target, prompt, requests[i].params.max_tokens)
+    assert counters["inductor"]["cudagraph_skips"] == 0

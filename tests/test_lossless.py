@@ -70,8 +70,10 @@ def _sampled_joint(
     top_p: float = 1.0,
     model_free: ModelFree | None = None,
     prompt: tuple[int, ...] = PROMPT,
+    static_shapes: bool = False,
 ) -> torch.Tensor:
-    """`model_free`: that proposer (decoding/model_free.py), alone or beside `draft`."""
+    """`model_free`: that proposer (decoding/model_free.py), alone or beside `draft`; `static_shapes`: the
+    padded path CUDA graphs decode on (decoding/static_shapes.py)."""
     params = SamplingParams(max_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p)
     requests = [GenerationRequest(i, prompt, replace(params, seed=i)) for i in range(SAMPLES)]
     # EOS off: the tiny vocabulary must not end sequences early
@@ -80,7 +82,12 @@ def _sampled_joint(
         _NoEos(),
         draft,
         DecodingConfig(
-            num_speculative_tokens=2, fixed_k=True, batch_size=2048, sampling=sampling, model_free=model_free
+            num_speculative_tokens=2,
+            fixed_k=True,
+            batch_size=2048,
+            sampling=sampling,
+            model_free=model_free,
+            static_shapes=static_shapes,
         ),
     )
     vocab = target.config.vocab_size
@@ -143,6 +150,13 @@ def _recovers_from_the_target(draft_token_ids, draft_probs, target_probs, u_acce
 def test_a_point_mass_proposer_keeps_the_target_distribution(models):
     target, draft = models
     assert _pvalue(_sampled_joint(target, draft, 1.0, point_mass=True), _exact_joint(target, 1.0)) > 1e-3
+
+
+def test_the_static_shape_path_keeps_the_target_distribution(models):
+    # padded rows, attention over the whole capacity, draft catch-ups rounded up: none may move a token
+    target, draft = models
+    sampled = _sampled_joint(target, draft, 0.8, static_shapes=True, model_free="ngram")
+    assert _pvalue(sampled, _exact_joint(target, 0.8)) > 1e-3
 
 
 @pytest.mark.parametrize("wrong_sampler", [_keeps_rejected_drafts, _recovers_from_the_target])
