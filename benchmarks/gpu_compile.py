@@ -2,14 +2,17 @@
 (plain and assisted), at batch 1, 8 and 32, with each model's distance to the memory roofline.
 
     python benchmarks/gpu_compile.py                 # a ~1B Llama-shape target and a ~100M draft, bf16
-    python benchmarks/gpu_compile.py --smoke --device cpu --backend aot_eager   # tiny, seconds (CI)
+    python benchmarks/gpu_compile.py --smoke --device cpu --backend aot_eager [--static-shapes]  # tiny (CI)
 
 The pair is random-initialised (speed does not depend on the weights' values), the draft a noisy copy
 of the target's first layers' shape so that it accepts nothing in particular: the table measures
 forward cost, not acceptance, so every run is greedy with a fixed k and the acceptance it gets is
 printed beside it. The roofline: a batch-1 decode forward must read every weight once, so its floor is
 weight bytes / the device's measured copy bandwidth; `fwd / floor` says how far a forward is from it.
-Prints one Markdown table; meant to finish in under 10 minutes on an H200.
+On CUDA the compiled forwards replay CUDA graphs and specq decodes them on static shapes
+(decoding/static_shapes.py); the script prints how many graphs torch recorded and skipped (a skip: a
+forward that ran compiled but without a graph). `--static-shapes` takes the static path on a CPU too,
+so the smoke run covers it. Prints one Markdown table; meant to finish in under 10 minutes on an H200.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--smoke", action="store_true", help="tiny models and few tokens: checks the script runs")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--static-shapes", action="store_true", help="the static-shape path off CUDA too")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
     import torch
+    from torch._dynamo.utils import counters
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specq.bench import hf_baselines
@@ -92,7 +97,9 @@ def main() -> None:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
 
     def specq_rate(models, batch_size: int) -> tuple[float, float]:
-        config = DecodingConfig(num_speculative_tokens=4, batch_size=batch_size, fixed_k=True)
+        config = DecodingConfig(
+            num_speculative_tokens=4, batch_size=batch_size, fixed_k=True, static_shapes=args.static_shapes
+        )
         engine = SpeculativeEngine(models["target"], tokenizer, models["draft"], config)
         requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(prompts[: 2 * batch_size])]
         sync()
@@ -121,6 +128,15 @@ def main() -> None:
     print(
         f"copy bandwidth {bandwidth / 1e9:.0f} GB/s; compile s: "
         + ", ".join(f"{k} {v:.0f}" for k, v in compile_s.items())
+    )
+    graphs = counters["inductor"]
+    static = SpeculativeEngine(
+        compiled["target"], tokenizer, compiled["draft"], DecodingConfig(static_shapes=args.static_shapes)
+    ).static_shapes
+    print(
+        f"specq compiled on static shapes: {static}; CUDA graphs: "
+        f"{graphs['cudagraph_recorded_non_static_inputs']} non-static inputs recorded, "
+        f"{graphs['cudagraph_skips']} graphs skipped"
     )
     for name in shapes:
         floor = forward_floor_seconds(weights[name], bandwidth)

@@ -116,6 +116,7 @@ def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = 
         compiled = torch.compile(model, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
         if cuda_graphs:
             mark_cuda_graphed(compiled)  # before its first forward: every cache it sees must be static
+            _allow_a_graph_per_static_shape()
         with torch.inference_mode():  # as the engine decodes: graphs traced otherwise would not serve it
             problem = _warm_up(model, compiled)
             if problem is None:
@@ -244,6 +245,20 @@ def _timed_steps(candidates: tuple[Any, ...], rows: int, width: int) -> list[Cal
         return run
 
     return [timed(lm) for lm in lms]
+
+
+# graphs a forward records before torch warns of too many: one per static shape (decoding/static_shapes.py),
+# rows sizes x widths x capacities, about a hundred at K = 8 and a batch of 32
+_STATIC_SHAPES_RECORDED = 256
+
+
+def _allow_a_graph_per_static_shape() -> None:
+    import torch._inductor.config
+
+    triton = torch._inductor.config.triton
+    limit = triton.cudagraph_dynamic_shape_warn_limit
+    if limit is not None:
+        triton.cudagraph_dynamic_shape_warn_limit = max(limit, _STATIC_SHAPES_RECORDED)
 
 
 def _cuda_graphs_wanted() -> bool:
