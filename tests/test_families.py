@@ -222,12 +222,14 @@ def window_off(model: Any) -> Iterator[None]:
             setattr(config, name, value)
 
 
-def decode(target: Any, draft: Any, batch_size: int, k: int = 3) -> dict[int, list[int]]:
+def decode(target: Any, draft: Any, batch_size: int, k: int = 3, static_shapes: bool = False) -> dict[int, list[int]]:
     requests = [
         GenerationRequest(i, tuple(p), SamplingParams(max_tokens=NEW_TOKENS - 3 * (i % 2), temperature=0.0))
         for i, p in enumerate(prompts())
     ]
-    config = DecodingConfig(num_speculative_tokens=k, batch_size=batch_size, fixed_k=True, strict=True)
+    config = DecodingConfig(
+        num_speculative_tokens=k, batch_size=batch_size, fixed_k=True, strict=True, static_shapes=static_shapes
+    )
     engine = SpeculativeEngine(target, IdTokenizer(), draft, config)
     return {r.key: r.token_ids for r in engine.generate(requests)}
 
@@ -263,6 +265,8 @@ def test_target_only_and_speculative_greedy_equal_generate(family_models) -> Non
     for batch_size in (1, 3):
         assert decode(target, None, batch_size) == expected, f"target only, batch {batch_size}"
         assert decode(target, draft, batch_size) == expected, f"speculative, batch {batch_size}"
+    # the static-shape path (CUDA graphs'): attention over the whole capacity, each window still applied
+    assert decode(target, draft, 3, static_shapes=True) == expected, "speculative, static shapes"
 
 
 def test_a_draft_of_another_family() -> None:
