@@ -139,10 +139,16 @@ def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = 
     return compiled, outcome
 
 
+# times the check runs its step through the compiled model: a forward compiled with CUDA graphs runs
+# its first call unrecorded, records on the second and replays from the third, and a replay must match
+_CHECKED_CALLS = 3
+
+
 def _warm_up(model: CausalLM, compiled: Any) -> str | None:
-    """Run a ragged prefill and a two-token step through both; what differs, or None."""
+    """Run a ragged prefill and a two-token step through both (the compiled step until it replays a
+    recorded graph, on the same inputs and cache columns each time); what differs, or None."""
     outputs = []
-    for candidate in (model, compiled):
+    for calls, candidate in ((1, model), (_CHECKED_CALLS, compiled)):
         lm = RaggedLM(candidate, static=is_cuda_graphed(compiled))
         cache = lm.new_cache(rows=2, capacity=16)
         generator = torch.Generator().manual_seed(0)
@@ -151,7 +157,8 @@ def _warm_up(model: CausalLM, compiled: Any) -> str | None:
         prefill = lm.prefill(cache, rows, prompts, lm.vocab_size, keep=prompts.shape[1])  # [2, 6, V]
         lengths = torch.tensor([[6], [4]], device=lm.device)  # row 1 rolled back two tokens
         columns = lengths + torch.arange(2, device=lm.device)  # [2, 2]
-        step = lm.step(cache, prompts[:, :2], columns, kv_length=8, vocab_size=lm.vocab_size)  # [2, 2, V]
+        for _ in range(calls):  # each call writes the same keys and values into the same columns
+            step = lm.step(cache, prompts[:, :2], columns, kv_length=8, vocab_size=lm.vocab_size)  # [2, 2, V]
         outputs.append((prefill.float(), step.float()))
     (eager_prefill, eager_step), (compiled_prefill, compiled_step) = outputs
     tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2

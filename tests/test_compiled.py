@@ -10,6 +10,7 @@ backend (the default) was checked by hand and by `specq bench --compile on` (doc
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.compiled import compile_model
@@ -189,6 +190,26 @@ def _failing_backend(graph, example_inputs):
 def test_a_model_that_cannot_compile_is_refused_with_on(pair) -> None:
     with pytest.raises(ModelCompileError, match=r"^the model 'tiny' cannot be compiled: BackendCompilerFailed"):
         compile_model(pair[0], "tiny", "on", backend=_failing_backend)
+
+
+def _backend_wrong_from_the_third_call(graph, example_inputs):
+    """As CUDA graphs go: a first call as compiled, a second that records, then replays; here every
+    replay is off."""
+    calls = [0]
+
+    def run(*args):
+        calls[0] += 1
+        outputs = graph(*args)
+        if calls[0] < 3:
+            return outputs
+        return tuple(o + 1.0 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outputs)
+
+    return run
+
+
+def test_a_compiled_forward_that_goes_wrong_on_replay_is_caught_at_load(pair) -> None:
+    with pytest.raises(ModelCompileError, match="its compiled step logits differ from eager"):
+        compile_model(pair[0], "tiny", "on", backend=_backend_wrong_from_the_third_call)
 
 
 def test_run_with_compile_on_and_a_model_that_cannot_compile_exits_2(tiny_pair, tmp_path, monkeypatch) -> None:
