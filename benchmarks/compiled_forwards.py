@@ -1,12 +1,14 @@
 """Eager against compiled forwards (`--compile`), side by side in one run: each model's whole forward
 at batch 1, and the engine end to end with the draft at batch 1 and 16, interleaved rounds, medians.
 
-    python benchmarks/compiled_forwards.py [--backend inductor] [--rounds 3] [--prompts 16]
+    python benchmarks/compiled_forwards.py [--backend inductor] [--rounds 3] [--prompts 16] [--static-shapes]
 
 Same demo pair, held-out prompts and settings as `specq bench` (greedy, 64 tokens, K = 4, adaptive
 k). The compile (the warm-up of decoding.compiled) is timed apart; a second run in a new process reads
 inductor's cache from specq's data directory and pays much less. Every compiled output is checked
-token for token against eager.
+token for token against eager. `--static-shapes`: the compiled engine decodes on the static-shape path
+(decoding/static_shapes.py, what CUDA graphs need), so the table says what that path costs or gains
+on this machine without them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--static-shapes", action="store_true", help="the compiled engine on static shapes")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -56,7 +59,8 @@ def main() -> None:
         return (time.perf_counter() - started) / 5
 
     def engine_run(models, batch_size: int) -> tuple[float, dict[int, list[int]]]:
-        config = DecodingConfig(num_speculative_tokens=4, batch_size=batch_size)
+        static = args.static_shapes and models is compiled
+        config = DecodingConfig(num_speculative_tokens=4, batch_size=batch_size, static_shapes=static)
         engine = SpeculativeEngine(models["target"], pair.tokenizer, models["draft"], config)
         started = time.perf_counter()
         out = {r.key: r.token_ids for r in engine.generate(requests)}
