@@ -32,6 +32,22 @@ def demo_pair():
     return build_demo_models()
 
 
+@pytest.fixture(scope="module")
+def target():
+    """The tiny random Llama the engine tests decode with (tests/tiny_models.py); a module may define its own."""
+    from tests.tiny_models import tiny_llama
+
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    """A noisy copy of `target`: partial agreement, so per-row rollbacks happen every few tokens."""
+    from tests.tiny_models import noisy_copy
+
+    return noisy_copy(target, scale=0.002)
+
+
 @pytest.fixture(autouse=True)
 def _specq_isolated_env(tmp_path_factory, monkeypatch):
     """No test sees the user's data directory or service URLs."""

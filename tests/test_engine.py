@@ -11,16 +11,6 @@ from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, Sp
 from tests.tiny_models import BOS, IdTokenizer, RepeatLastToken, noisy_copy, reference_greedy, tiny_llama, with_proposer
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, scale=0.002)  # partial agreement: rollbacks happen every few tokens
-
-
 @pytest.fixture(params=["draft", "no draft"])
 def any_draft(request, draft):
     """The draft, then none."""

@@ -27,7 +27,7 @@ from specq.decoding.stats import DRAFT_MODEL, NGRAM, SUFFIX
 from specq.decoding.suffix_index import SuffixIndex
 from tests.test_lossless import _exact_joint, _keeps_rejected_drafts, _pvalue, _sampled_joint, lossless_pair
 from tests.test_reproducible import _position_blind_noise
-from tests.tiny_models import IdTokenizer, noisy_copy, reference_greedy, tiny_llama
+from tests.tiny_models import IdTokenizer, reference_greedy
 
 # -- the lookup structures --------------------------------------------------------------------------
 
@@ -132,16 +132,6 @@ def test_the_suffix_index_evicts_beyond_its_bound_and_keeps_proposing():
 
 
 # -- the engine: greedy, reproducible, distribution --------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, scale=0.002)
 
 
 def _repetitive_prompts() -> list[list[int]]:

@@ -30,11 +30,6 @@ MAX_TOKENS = 20
 
 
 @pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
 def draft(target):
     return noisy_copy(target, scale=0.02)  # agrees often enough that accepted runs and rejections both happen
 

@@ -12,17 +12,7 @@ import torch
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.kv_cache import RaggedKVCache, RaggedLayer
 from specq.decoding.static_shapes import capacity_bucket, lease_cache, row_bucket, width_bucket
-from tests.tiny_models import IdTokenizer, noisy_copy, reference_greedy, tiny_llama
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, scale=0.002)
+from tests.tiny_models import IdTokenizer, reference_greedy
 
 
 def _prompts(seed: int, count: int) -> list[list[int]]:
