@@ -29,6 +29,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from specq.decoding.kv_cache import RaggedKVCache
@@ -56,8 +57,13 @@ def width_bucket(width: int) -> int:
     return _next_power_of_two(width)
 
 
-# model -> its kept cache, and whether an engine holds it
-_KEPT: weakref.WeakKeyDictionary[Any, tuple[RaggedKVCache, list[bool]]] = weakref.WeakKeyDictionary()
+@dataclass
+class _Kept:
+    cache: RaggedKVCache
+    held: bool = False  # an engine decodes on it now
+
+
+_KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()  # model -> its kept cache
 
 
 @contextmanager
@@ -66,17 +72,16 @@ def lease_cache(model: Any, num_layers: int) -> Iterator[RaggedKVCache]:
     engines decoding at once must not share buffers). Its buffers keep their addresses for as long
     as its shape does."""
     kept = _KEPT.get(model)
-    if kept is None or kept[0].num_layers != num_layers:
-        kept = _KEPT[model] = (RaggedKVCache(num_layers, 0, 0, static=True), [False])
-    cache, held = kept
-    if held[0]:
+    if kept is None or kept.cache.num_layers != num_layers:
+        kept = _KEPT[model] = _Kept(RaggedKVCache(num_layers, 0, 0, static=True))
+    if kept.held:
         yield RaggedKVCache(num_layers, 0, 0, static=True)
         return
-    held[0] = True
+    kept.held = True
     try:
-        yield cache
+        yield kept.cache
     finally:
-        held[0] = False
+        kept.held = False
 
 
 # models whose forward was compiled with CUDA graphs (decoding/compiled.py): they decode on static shapes
