@@ -37,6 +37,9 @@ its match supports (none without a match). The verify pass is as wide as the wid
 maximises the batch's goodput, sum over rows of E[tokens of row r](min(k, offer_r)) / step time(k),
 with each row's acceptance measured separately for the proposer it drew from (the draft model,
 prompt lookup, the suffix index): k = 0 wherever a few rows' matches do not pay for widening every row.
+Where each row may take either of two proposals (the hybrid: the draft model's or a looked-up one),
+`best_mix` weighs every verify width k and draft depth d <= k at once, each row taking what expects
+more at that (k, d), priced as a step of width k + 1 that runs d draft forwards.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -51,6 +55,8 @@ import numpy as np
 _T = TypeVar("_T")
 
 _WINDOW = 15  # steps a timing median covers
+_YIELD_WINDOW = 32  # steps that looked up, whose mean yield decides whether a hybrid looks up
+_MIN_YIELD_SAMPLES = 8  # ... once at least this many have
 _ACCEPT_DECAY = 0.995  # acceptance counts fade so the estimate follows the prompt mix
 _SHRINK = 4.0  # pseudo-observations of the pooled acceptance added to every position
 # Acceptance before any is measured. A looked-up proposal starts optimistic: a span that recurred is
@@ -74,6 +80,21 @@ class _Timing:
     def add(self, seconds: float) -> None:
         self.samples.append(seconds)
         self.value = statistics.median(self.samples)
+
+
+class _Yield:
+    """The mean of the last `_YIELD_WINDOW` ratios: a mean, not a median, since a lookup pays on the few
+    steps where it matches and costs a little on all the others."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=_YIELD_WINDOW)
+
+    def add(self, ratio: float) -> None:
+        self.samples.append(ratio)
+
+    @property
+    def value(self) -> float:
+        return statistics.fmean(self.samples)
 
 
 class _Acceptance:
@@ -105,6 +126,17 @@ class _Acceptance:
         return (self.accepted + _SHRINK * pooled) / (self.reached + _SHRINK)
 
 
+@dataclass(frozen=True)
+class Mix:
+    """A step's plan of draft-model and looked-up proposals (`SpeculationPolicy.best_mix`)."""
+
+    k: int  # the most draft tokens a row verifies (0: speculation does not pay)
+    depth: int  # forwards the draft model runs (its rows take at most this many tokens)
+    takes_lookup: np.ndarray  # [n] bool, the rows that take their looked-up proposal
+    rate: float  # its expected tokens per second (0 while not all of its costs are measured)
+    seconds: float  # its estimated step time (0 while not measured)
+
+
 class SpeculationPolicy:
     def __init__(self, max_k: int, *, fixed: bool, probe_interval: int = 16):
         self.max_k = max_k
@@ -118,6 +150,8 @@ class SpeculationPolicy:
         # margin by which a narrow verify pays there
         self.t_overhead: dict[bool, dict[int, _Timing]] = {False: defaultdict(_Timing), True: defaultdict(_Timing)}
         self.t_offer: dict[int, _Timing] = defaultdict(_Timing)  # rows -> the proposer's offers
+        # rows -> what a hybrid's lookups made of a step, net of their own time, over the draft model alone
+        self.lookup_yield: dict[int, _Yield] = defaultdict(_Yield)
         self._positions = max(max_k, 1)
         # proposer (decoding.stats.PROPOSERS index) -> its acceptance; the draft model's is 0
         self._acceptance: dict[int, _Acceptance] = {}
@@ -128,7 +162,7 @@ class SpeculationPolicy:
         self._resting_at: int | None = None  # the row count whose last choice was k = 0, until a probe
         # what the hybrid and `choose` ask several times a step, kept until the next observation
         self._expected_tokens: dict[int, np.ndarray] = {}  # source -> expected_tokens_by_length
-        self._step_times: dict[tuple[int, int, int | None], np.ndarray] = {}  # (rows, top, depth) -> step_times
+        self._step_times: dict[tuple[int, int], np.ndarray] = {}  # (rows, top) -> step_time_table
 
     # -- observations -------------------------------------------------------------------------------
     def observe_step(
@@ -198,32 +232,33 @@ class SpeculationPolicy:
     def step_times(self, rows: int, top: int, *, draft_depth: int | None = None) -> np.ndarray:
         """[top + 1] estimated seconds of a step of `rows` rows verifying k + 1 tokens each, k = 0..top,
         whose draft model runs min(k, `draft_depth`) forwards (None: k; 0: no draft model): inf where
-        not measured yet. Kept until the next step is observed."""
-        key = (rows, top, draft_depth)
-        times = self._step_times.get(key)
-        if times is None:
-            times = self._step_times[key] = self._estimate_step_times(rows, top, draft_depth)
-            times.flags.writeable = False
-        return times
+        not measured yet."""
+        return self.step_time_table(rows, top)[top if draft_depth is None else min(draft_depth, top)]
 
-    def _estimate_step_times(self, rows: int, top: int, draft_depth: int | None) -> np.ndarray:
+    def step_time_table(self, rows: int, top: int) -> np.ndarray:
+        """[depth, k] `step_times` for every draft depth 0..top. Kept until the next step is observed."""
+        table = self._step_times.get((rows, top))
+        if table is None:
+            table = self._step_times[(rows, top)] = self._step_time_table(rows, top)
+            table.flags.writeable = False
+        return table
+
+    def _step_time_table(self, rows: int, top: int) -> np.ndarray:
         widths = np.arange(1, top + 2)
         target = self._target_times(rows, widths)
         if target is None:
-            return np.full(top + 1, np.inf)
-        depth = top if draft_depth is None else draft_depth
-        draft: float | None = 0.0
-        if depth > 0:
-            draft = _value(_nearest(self._measured_drafts(), rows))
-        if draft is None:
-            return np.concatenate([target[:1], np.full(top, np.inf)])
+            return np.full((top + 1, top + 1), np.inf)
         overheads = [_value(_nearest(self.t_overhead[speculative], rows)) for speculative in (False, True)]
         plain = overheads[0] or 0.0
         speculative = (overheads[1] if overheads[1] is not None else plain) + (
             _value(_nearest(self.t_offer, rows)) or 0.0
         )
-        overhead = np.where(widths > 1, speculative, plain)
-        return overhead + np.minimum(widths - 1, depth) * draft + target
+        without_draft = np.where(widths > 1, speculative, plain) + target  # [k]
+        forwards = np.minimum(widths[None, :] - 1, np.arange(top + 1)[:, None])  # [depth, k]
+        draft = _value(_nearest(self._measured_drafts(), rows))
+        if draft is None:  # the draft model's forward not measured yet: only plans without one are priced
+            return np.where(forwards > 0, np.inf, without_draft[None, :])
+        return without_draft[None, :] + forwards * draft
 
     def _target_times(self, rows: int, widths: np.ndarray) -> np.ndarray | None:
         own = _measured(self.t_target.get(rows, {}))
@@ -306,13 +341,67 @@ class SpeculationPolicy:
             total += _accepted(self.expected_tokens_by_length(int(source)), offers[sources == source], top)
         return total
 
-    def best_rate_of_any(self, rows: int, top: int, offers: np.ndarray, candidates: Sequence[int]) -> float:
-        """At least the rate `best(rows, top, offers, sources)` returns for any `sources` drawn from
-        `candidates` (proposers other than the draft model, so a plan without its forwards): every row
-        at the acceptance of whichever candidate expects the most at its offer's length."""
-        by_length = np.max([self.expected_tokens_by_length(source) for source in candidates], axis=0)  # [K + 1]
-        expected = offers.size + _accepted(by_length, offers, top)  # [top + 1]
-        return float(np.max(expected / self.step_times(rows, top, draft_depth=0)))
+    def best_mix(
+        self, rows: int, draft_offers: np.ndarray, lookup_offers: np.ndarray, lookup_sources: np.ndarray
+    ) -> Mix:
+        """The plan of the most expected tokens per second for a step where every live row may take the
+        draft model's proposal (up to `draft_offers` [n] tokens) or its looked-up one (`lookup_offers` [n]
+        tokens from `lookup_sources` [n]): the verify pass's k, the draft model's depth (its forwards),
+        and the rows that take their lookup. Every (k, depth) is weighed with each row taking whichever
+        proposal expects more at that k and depth: a long lookup is worth its row only at the width the
+        whole batch then verifies, and the draft model's forwards only for the rows that take them. The
+        draft model alone (every row drafted) and the lookups alone (depth 0) are two of the plans, so
+        the mix is never estimated below either. Before the draft model's forward and the target are
+        timed, each row takes the proposal that expects more at its full length, and the step's choice
+        (`choose`) measures what is missing."""
+        by_length = {int(source): self.expected_tokens_by_length(int(source)) for source in np.unique(lookup_sources)}
+        by_lookup = np.array([by_length[int(source)] for source in lookup_sources]).reshape(-1, self._positions + 1)
+        return self._mix(rows, draft_offers, lookup_offers, by_lookup)
+
+    def could_take_a_lookup(self, rows: int, draft_offers: np.ndarray, candidates: Sequence[int]) -> bool:
+        """Whether `best_mix` could take any row's lookup, judged before any lookup from the best one could
+        be: as long as the row may take (its draft offer), at the acceptance of whichever of `candidates`
+        expects the most at that length. Every real lookup expects at most that at every k and depth, so
+        where even these are not taken, no real lookup would be (up to exact ties)."""
+        best = np.max([self.expected_tokens_by_length(source) for source in candidates], axis=0)  # [K + 1]
+        optimistic = self._mix(rows, draft_offers, draft_offers, np.broadcast_to(best, (draft_offers.size, best.size)))
+        return bool(optimistic.takes_lookup.any())
+
+    def observe_lookups(self, rows: int, seconds: float, mix: Mix, draft_alone: Mix) -> None:
+        """A hybrid's step looked rows up in `seconds` (prompt lookups, suffix-index walks) and planned
+        `mix`, where the draft model alone would have planned `draft_alone`: keep the ratio of the two
+        plans' expected tokens per second, the lookups' time added to the mix's step."""
+        if mix.rate > 0 and draft_alone.rate > 0:
+            net = mix.rate * mix.seconds / (mix.seconds + seconds)
+            self.lookup_yield[rows].add(net / draft_alone.rate)
+
+    def lookups_pay(self, rows: int) -> bool:
+        """Whether a hybrid's lookups have yielded more than they cost at about `rows` rows (on average over
+        the last steps that looked up; True until `_MIN_YIELD_SAMPLES` of them: a job's first lookups
+        find little, its suffix index empty)."""
+        measured = _nearest(self.lookup_yield, rows)
+        return measured is None or len(measured.samples) < _MIN_YIELD_SAMPLES or measured.value > 1.0
+
+    def _mix(self, rows: int, draft_offers: np.ndarray, lookup_offers: np.ndarray, by_lookup: np.ndarray) -> Mix:
+        """`best_mix` with each row's expected tokens by lookup length given: by_lookup [n, K + 1]."""
+        n = draft_offers.size
+        top = int(max(draft_offers.max(initial=0), lookup_offers.max(initial=0)))
+        by_draft = self.expected_tokens_by_length(0)  # [K + 1]
+        times = self.step_time_table(rows, top)  # [depth, k]
+        if not np.isfinite(times[top, top]):
+            takes_lookup = by_lookup[np.arange(n), lookup_offers] > by_draft[draft_offers]
+            return Mix(top, top, takes_lookup, 0.0, 0.0)
+        ks = np.arange(top + 1)
+        lookup_gain = by_lookup[np.arange(n)[:, None], np.minimum(lookup_offers[:, None], ks)]  # [n, k]
+        depths = np.minimum(ks[:, None], ks[None, :])  # [depth, k]: the forwards the draft model runs
+        draft_gain = by_draft[np.minimum(draft_offers[:, None, None], depths)]  # [n, depth, k]
+        expected = np.maximum(draft_gain, lookup_gain[:, None, :]).sum(axis=0)  # [depth, k]
+        rates = expected / times
+        depth, k = np.unravel_index(int(np.argmax(rates)), rates.shape)
+        if rates[depth, k] < _MIN_GAIN * rates[0, 0]:  # plain; rows keep what expects more, for a probe
+            return Mix(0, 0, lookup_gain[:, top] > draft_gain[:, top, top], float(rates[0, 0]), float(times[0, 0]))
+        takes_lookup = lookup_gain[:, k] > draft_gain[:, depth, k]
+        return Mix(int(k), int(min(depth, k)), takes_lookup, float(rates[depth, k]), float(times[depth, k]))
 
 
 def _accepted(expected_by_length: np.ndarray, offers: np.ndarray, top: int) -> np.ndarray:

@@ -10,16 +10,20 @@
   the job's other prompts, where they share a template, repeat what the row's own prompt holds. Fed
   every prompt too, the index cost a compute-bound batch time where it was never used, and the suffix
   contender was slower on every workload and batch size measured (docs/benchmarks.md, "The draft axis").
-- `HybridProposer`: a draft model and a model-free proposer within ONE verify pass. Each step weighs
-  two plans by the policy's expected tokens per second (decoding/k_policy.py), which prices the draft
-  model's forwards and the verify width: (a) rows with a match take it where its measured acceptance
-  says it yields at least as many tokens as the draft model would, the other rows the draft model's
-  proposal; (b) looked-up proposals alone, with no draft forward at all (rows without a match verify
-  only their one token). So a long confident match is not slowed by the draft forwards that the rest
-  of the batch would need only where those forwards earn less than they cost. Rows are looked up only
-  on steps where a lookup as long as the row may take could be taken by either plan, and the draft
-  model's rows go no deeper than it would go alone, so a wide verify that looked-up rows take costs
-  it no more forwards.
+- `HybridProposer`: a draft model and a model-free proposer within ONE verify pass. Each step plans
+  by the policy's expected tokens per second (`SpeculationPolicy.best_mix`, decoding/k_policy.py),
+  which prices the draft model's forwards and the verify width: over every verify width k and draft
+  depth d, each row takes whichever proposal expects more at that k and d (its lookup capped at k, the
+  draft model's proposal at d), and the step takes the (k, d) of the most tokens per second. So a long
+  lookup counts at the width the whole batch will verify, not at its own length; the draft model runs
+  only as many forwards as its rows pay for, none where lookups alone pay more; and the draft model
+  alone and lookups alone are plans of the same weighing, so the mix is never estimated below either.
+  Rows are looked up only on steps where a lookup could be taken at all, judged from the best a lookup
+  could be (as long as the row may take, at the best looked-up acceptance measured), and where lookups
+  have paid for their own time: each step that looks up, the policy keeps what its plan promised, the
+  lookups' seconds added to its step, over what the draft model alone would have (`observe_lookups`).
+  Where that has averaged below 1, rows are looked up only every `_RECHECK_LOOKUPS` steps, which is
+  how a job notices when they pay again (its suffix index learning the answers).
 
 A looked-up token is a point mass: its draft probability is one-hot, so modified rejection sampling
 accepts it with probability target_probs[token] and, on rejection, samples the recovered token from
@@ -31,6 +35,7 @@ All of it runs on the host, on host copies of the rows' tokens fed by the step's
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,6 +56,10 @@ if TYPE_CHECKING:
 # two-token n-gram recurs everywhere) and its proposals are rejected often enough to cost more verify
 # width than they earn; 6 covers the distinctive spans.
 MIN_MATCH, MAX_MATCH = 3, 6
+# Where a hybrid's lookups have not paid for their own time (on the 2-core CPU, prompt lookups and
+# suffix-index walks of 16 rows take about 0.8 ms of a 22 ms step), it looks up only every this many
+# steps, to notice when they pay again (a job's suffix index learning its answers).
+_RECHECK_LOOKUPS = 8
 # How many context tokens of a finished row's prompt are fed with its output to the suffix index, so
 # that the output's first tokens are indexed after the contexts that led to them.
 _OUTPUT_CONTEXT = 8
@@ -156,73 +165,41 @@ class HybridProposer:
         self.draft, self.model_free, self.policy = draft, model_free, policy
         self.max_k = draft.max_k
         self._sources = np.zeros(0, np.int64)  # [rows], the last offer's
+        self._steps_without_lookups = 0
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
         self.draft.admit(batch, admission, stats)
         self.model_free.admit(batch, admission, stats)
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
-        full = self.draft.offer(batch, live, limits)  # as long as each row may take
-        drafted, with_draft = self._draft_model_offers(batch, live, full)
-        looking = live if self._a_lookup_could_be_taken(batch, live, full, drafted, with_draft) else live[:0]
-        looked_up = self.model_free.offer(batch, looking, limits)
-        lengths, sources = drafted.lengths.copy(), drafted.sources.copy()
-        rows = live[looked_up.lengths[live] > 0]
-        # expected tokens a row gains from either proposal: what each proposer's measured acceptance says
-        by_draft = self.policy.expected_tokens_by_length(DRAFT_MODEL)[lengths[rows]]  # [n]
-        by_lookup = np.zeros(rows.size)
-        for source in np.unique(looked_up.sources[rows]):
-            mine = looked_up.sources[rows] == source
-            by_lookup[mine] = self.policy.expected_tokens_by_length(int(source))[looked_up.lengths[rows[mine]]]
-        takes_lookup = rows[by_lookup >= by_draft]
-        lengths[takes_lookup], sources[takes_lookup] = looked_up.lengths[takes_lookup], looked_up.sources[takes_lookup]
-        mixed = Offer(lengths, sources)
-        if (sources[live] == DRAFT_MODEL).any() and self._looked_up_alone_pays(batch, live, mixed, looked_up):
-            mixed = looked_up
-        self._sources = mixed.sources
-        return mixed
+        full = self.draft.offer(batch, live, limits).lengths[live]  # [live] as long as each row may take
+        nothing = np.zeros_like(full)
+        if self._looks_up(batch.rows, full):
+            started = time.perf_counter()
+            looked_up = self.model_free.offer(batch, live, limits)
+            seconds = time.perf_counter() - started
+            lookups, lookup_sources = looked_up.lengths[live], looked_up.sources[live]
+            mix = self.policy.best_mix(batch.rows, full, lookups, lookup_sources)
+            draft_alone = self.policy.best_mix(batch.rows, full, nothing, nothing)
+            self.policy.observe_lookups(batch.rows, seconds, mix, draft_alone)
+            self._steps_without_lookups = 0
+        else:  # the plan the lookups would have led to, without their time
+            lookups = lookup_sources = nothing
+            mix = self.policy.best_mix(batch.rows, full, lookups, lookup_sources)
+            self._steps_without_lookups += 1
+        lengths, sources = np.zeros(batch.rows, np.int64), np.full(batch.rows, DRAFT_MODEL, np.int64)
+        # where speculation does not pay, whole offers stand, for the step to rest on or probe with
+        k, depth = (mix.k, mix.depth) if mix.k else (self.max_k, self.max_k)
+        lengths[live] = np.where(mix.takes_lookup, np.minimum(lookups, k), np.minimum(full, depth))
+        sources[live] = np.where(mix.takes_lookup, lookup_sources, DRAFT_MODEL)
+        self._sources = sources
+        return Offer(lengths, sources)
 
-    def _draft_model_offers(self, batch: BatchState, live: np.ndarray, full: Offer) -> tuple[Offer, float]:
-        """The draft model's offers no deeper than it would go alone, and that plan's rate (0 while not
-        measured): a wider verify that looked-up rows take then costs the draft model no more forwards.
-        Where it would not speculate alone, its offers stand, for the step's choice to weigh with the
-        looked-up ones."""
-        lengths = full.lengths[live]  # [live]
-        top = int(lengths.max(initial=0))
-        k_draft, with_draft = self.policy.best(batch.rows, top, lengths, full.sources[live]) if top else (0, 0.0)
-        drafted = Offer(full.lengths.copy(), full.sources)
-        if k_draft > 0:
-            drafted.lengths[live] = np.minimum(lengths, k_draft)
-        return drafted, with_draft
-
-    def _a_lookup_could_be_taken(
-        self, batch: BatchState, live: np.ndarray, full: Offer, drafted: Offer, with_draft: float
-    ) -> bool:
-        """Whether either plan below could take a looked-up proposal this step, judged before any lookup
-        from the best a lookup could be: as long as the row may take (`full`), at the acceptance of the
-        looked-up proposer that expects the most. Where it could not, the rows are not looked up and
-        the plan is the one the lookups would have led to: the draft model for every row, without the
-        lookups' time. `drafted`: the draft model's offers, `with_draft`: its best rate alone."""
-        lengths = full.lengths[live]  # [live]
-        if not lengths.any():
-            return False
-        by_draft = self.policy.expected_tokens_by_length(DRAFT_MODEL)  # [K + 1]
-        candidates = self.model_free.sources
-        by_lookup = np.max([self.policy.expected_tokens_by_length(source) for source in candidates], axis=0)
-        if (by_lookup[lengths] >= by_draft[drafted.lengths[live]]).any():
-            return True
-        top = int(lengths.max())
-        return with_draft > 0 and self.policy.best_rate_of_any(batch.rows, top, lengths, candidates) > with_draft
-
-    def _looked_up_alone_pays(self, batch: BatchState, live: np.ndarray, mixed: Offer, looked_up: Offer) -> bool:
-        """Whether looked-up proposals alone (no draft forward) promise more tokens per second than the
-        mix with the draft model; False while either plan's cost is not yet measured."""
-        top = int(max(mixed.lengths[live].max(), looked_up.lengths[live].max()))
-        if top == 0 or not looked_up.lengths[live].any():
-            return False
-        _, with_draft = self.policy.best(batch.rows, top, mixed.lengths[live], mixed.sources[live])
-        _, without = self.policy.best(batch.rows, top, looked_up.lengths[live], looked_up.sources[live])
-        return with_draft > 0 and without > with_draft
+    def _looks_up(self, rows: int, full: np.ndarray) -> bool:
+        """Whether this step looks its rows up: where a lookup could be taken at all, and either lookups have
+        paid for their time lately or a re-check is due."""
+        due = self.policy.lookups_pay(rows) or self._steps_without_lookups + 1 >= _RECHECK_LOOKUPS
+        return due and self.policy.could_take_a_lookup(rows, full, self.model_free.sources)
 
     def propose(
         self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats

@@ -10,6 +10,14 @@ token, and stops once the product of the taken tokens' frequencies (the path's c
 below `min_confidence`, so speculation is long where the job's outputs agree and short or none where
 they do not.
 
+Fed lazily: `add` only queues a sequence, and the queue is counted into the index at the next
+proposal. A batch where speculation does not pay makes no proposals (the adaptive policy rests,
+decoding/k_policy.py), and then pays nothing for the index either: counting takes about 23 ms per
+1,000 tokens on the 2-core CPU (`benchmarks/suffix_index_memory.py`), so about 0.9 ms for a 32-token
+output after its 8 context tokens, a tenth of a plain 16-row step of the demo target. The queue keeps
+the `max_pending` latest sequences and drops older ones unread, so the first proposal after a long
+rest counts a bounded backlog (tens of milliseconds) instead of stalling on a whole job's outputs.
+
 Bounded: at most `max_contexts` contexts, the least recently fed evicted first; a full index
 evicts and never fails. One context costs about `BYTES_PER_CONTEXT` bytes of Python objects (a
 tuple of up to 8 ints and a small dict; measured by `benchmarks/suffix_index_memory.py` on the
@@ -19,7 +27,7 @@ contexts, is about 56 MB per job.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,24 +42,42 @@ class SuffixProposal:
 
 class SuffixIndex:
     def __init__(
-        self, max_contexts: int = 100_000, min_context: int = 2, max_context: int = 8, min_confidence: float = 0.4
+        self,
+        max_contexts: int = 100_000,
+        min_context: int = 2,
+        max_context: int = 8,
+        min_confidence: float = 0.4,
+        max_pending: int = 64,
     ) -> None:
-        if max_contexts < 1 or not 1 <= min_context <= max_context:
-            raise ValueError("need max_contexts >= 1 and 1 <= min_context <= max_context")
+        if max_contexts < 1 or not 1 <= min_context <= max_context or max_pending < 1:
+            raise ValueError("need max_contexts >= 1, 1 <= min_context <= max_context and max_pending >= 1")
         self.max_contexts = max_contexts
         self.min_context, self.max_context = min_context, max_context
         self.min_confidence = min_confidence
         # context -> {next token: count}; ordered by last use, the least recent first
         self._followers: OrderedDict[tuple[int, ...], dict[int, int]] = OrderedDict()
-        self.evictions = 0
+        self._pending: deque[tuple[int, ...]] = deque(maxlen=max_pending)  # fed, not counted yet
+        self._evictions = 0
 
     def __len__(self) -> int:
+        self._count_pending()
         return len(self._followers)
 
+    @property
+    def evictions(self) -> int:
+        self._count_pending()
+        return self._evictions
+
     def add(self, tokens: Sequence[int]) -> None:
-        """Count every (context, next token) pair of `tokens`."""
-        followers = self._followers
-        tokens = tuple(tokens)  # a tuple's slice is the context key itself: one allocation, not two
+        """Feed `tokens`: every (context, next token) pair of it is counted before the next proposal."""
+        self._pending.append(tuple(tokens))
+
+    def _count_pending(self) -> None:
+        while self._pending:
+            self._count(self._pending.popleft())
+
+    def _count(self, tokens: tuple[int, ...]) -> None:
+        followers = self._followers  # a tuple's slice below is the context key itself: one allocation
         for end in range(self.min_context, len(tokens)):
             following = tokens[end]
             for n in range(self.min_context, min(self.max_context, end) + 1):
@@ -64,10 +90,11 @@ class SuffixIndex:
                     followers.move_to_end(context)
         while len(followers) > self.max_contexts:
             followers.popitem(last=False)
-            self.evictions += 1
+            self._evictions += 1
 
     def propose(self, tokens: Sequence[int], limit: int) -> SuffixProposal:
         """Up to `limit` tokens continuing `tokens`, with the path's confidence."""
+        self._count_pending()
         path: list[int] = list(tokens[-self.max_context :])
         proposed: list[int] = []
         confidence = 1.0

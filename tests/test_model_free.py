@@ -9,6 +9,7 @@ the test's power shown on wrong samplers fed the same point masses).
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -131,6 +132,16 @@ def test_the_suffix_index_evicts_beyond_its_bound_and_keeps_proposing():
     assert index.propose([500, 501], limit=2).tokens == [502, 503]  # the newest contexts stay
 
 
+def test_the_suffix_index_counts_what_it_is_fed_only_when_asked_and_keeps_the_latest():
+    index = SuffixIndex(min_context=2, max_context=2, max_pending=2)
+    for first in (1, 2, 3):
+        index.add([first, 8, 9])
+    assert index._followers == {}  # queued, not counted: a resting engine pays nothing
+    assert index.propose([2, 8], limit=1).tokens == [9]
+    assert index.propose([1, 8], limit=1).tokens == []  # the oldest queued sequence was dropped
+    assert len(index) == 2
+
+
 # -- the engine: greedy, reproducible, distribution --------------------------------------------------
 
 
@@ -152,7 +163,10 @@ def _engine(target, draft, model_free, with_draft, **config):
     ("model_free", "with_draft", "batch_size", "fixed_k"),
     [*[(m, d, 4, False) for m, d in MODES], ("ngram", False, 1, True), ("suffix", True, 1, True)],
 )
-def test_greedy_tokens_are_the_targets_own(target, draft, model_free, with_draft, batch_size, fixed_k):
+def test_greedy_tokens_are_the_targets_own(target, draft, model_free, with_draft, batch_size, fixed_k, monkeypatch):
+    # models this small decode a step in about the time 4 rows' lookups take, so the hybrid would look
+    # up only now and then (tested below); here it looks up every step, so that its choices are exercised
+    monkeypatch.setattr(SpeculationPolicy, "lookups_pay", lambda self, rows: True)
     prompts = _repetitive_prompts()
     requests = [
         GenerationRequest(i, tuple(p), SamplingParams(max_tokens=24, temperature=0.0)) for i, p in enumerate(prompts)
@@ -316,11 +330,66 @@ def test_the_hybrid_drops_the_draft_model_where_looked_up_proposals_alone_pay_mo
     t_draft, looked_up_acceptance, alone
 ):
     # one row: the draft model offers 4 tokens at 75% acceptance, prompt lookup 4 of its own
-    hybrid = HybridProposer.__new__(HybridProposer)
-    hybrid.policy = _policy_with(t_draft, 0.75, looked_up_acceptance)
-    mixed, looked_up = Offer(np.array([4]), np.array([DRAFT_MODEL])), Offer(np.array([4]), np.array([NGRAM]))
-    batch = SimpleNamespace(rows=1)  # all the plan reads of the batch
-    assert hybrid._looked_up_alone_pays(batch, np.array([0]), mixed, looked_up) is alone  # type: ignore[arg-type]
+    policy = _policy_with(t_draft, 0.75, looked_up_acceptance)
+    mix = policy.best_mix(1, np.array([4]), np.array([4]), np.array([NGRAM]))
+    assert mix.k > 0
+    assert (mix.depth == 0) is alone
+    assert bool(mix.takes_lookup[0]) is alone
+
+
+def _compute_bound_policy(rows: int, acceptance: dict[int, float], t_draft: float = 0.001) -> SpeculationPolicy:
+    """A policy that measured steps of `rows` rows whose target costs 10 ms plus 4 ms a verified
+    token past the first (compute-bound, as this CPU at 16 rows), `t_draft` a draft forward, and each
+    proposer's draft tokens accepted with probability `acceptance[source]` each, given the one before."""
+    policy = SpeculationPolicy(8, fixed=False, probe_interval=1000)
+    for k in range(9):
+        for _ in range(3):
+            t_target = 0.010 + 0.004 * k
+            policy.observe_step(rows, k, k * t_draft, t_target, t_target + k * t_draft)
+    quantiles = (np.arange(1000) + 0.5) / 1000
+    for source, rate in acceptance.items():
+        # a geometric number of accepted tokens: P(at least j) = rate ** j
+        accepted = np.minimum(np.floor(np.log(quantiles) / np.log(max(rate, 1e-9))), 8).astype(np.int64)
+        policy.observe_acceptance(accepted, np.full(1000, 8), np.full(1000, source))
+    return policy
+
+
+def test_a_long_lookup_is_weighed_at_the_width_the_batch_verifies():
+    # 16 rows, the draft model accepting 80%; one row's 8-token lookup at 70% expects more than the
+    # draft model's proposal at the draft model's own k (the old per-row rule took it), but the batch
+    # verifies only a few tokens a row, and there the draft model's proposal expects more
+    rows = 16
+    policy = _compute_bound_policy(rows, {DRAFT_MODEL: 0.8, NGRAM: 0.7})
+    full = np.full(rows, 8)
+    lookups = np.zeros(rows, np.int64)
+    lookups[3] = 8
+    mix = policy.best_mix(rows, full, lookups, np.full(rows, NGRAM))
+    by_draft, by_lookup = policy.expected_tokens_by_length(DRAFT_MODEL), policy.expected_tokens_by_length(NGRAM)
+    assert 0 < mix.k < 8 and mix.depth == mix.k
+    assert by_lookup[8] > by_draft[mix.k]  # what the old rule compared
+    assert not mix.takes_lookup.any()
+
+
+def test_the_mix_is_never_estimated_below_either_proposer_alone_and_the_step_keeps_its_k():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        rows = int(rng.integers(1, 17))
+        acceptance = {source: float(rng.uniform()) for source in (DRAFT_MODEL, NGRAM, SUFFIX)}
+        policy = _compute_bound_policy(16, acceptance, t_draft=float(rng.choice([0.0005, 0.002, 0.008])))
+        full = rng.integers(0, 9, rows)
+        lookups, lookup_sources = rng.integers(0, full + 1), rng.choice([NGRAM, SUFFIX], rows)
+        mix = policy.best_mix(16, full, lookups, lookup_sources)
+        _, draft_alone = policy.best(16, 8, full, np.full(rows, DRAFT_MODEL))
+        _, lookups_alone = policy.best(16, 8, lookups, lookup_sources)
+        assert mix.rate >= max(draft_alone, lookups_alone) * (1 - 1e-9)
+        if mix.k == 0:
+            continue
+        # the offers the hybrid makes from the mix: the step's own choice of k lands on the mix's k
+        offers = np.where(mix.takes_lookup, np.minimum(lookups, mix.k), np.minimum(full, mix.depth))
+        sources = np.where(mix.takes_lookup, lookup_sources, DRAFT_MODEL)
+        k, rate = policy.best(16, 8, offers, sources)
+        assert rate == pytest.approx(mix.rate)
+        assert min(k, int(offers.max())) == int(offers.max())
 
 
 class _Offers:
@@ -353,7 +422,7 @@ def test_the_hybrid_looks_nothing_up_where_no_lookup_could_be_taken():
     live, limits = np.arange(rows), np.full(rows, 4)
     losing = _hybrid(drafted, looked_up, _policy_of(0.0005, {DRAFT_MODEL: 0.9, NGRAM: 0.3, SUFFIX: 0.3}))
     assert (losing.offer(batch, live, limits).sources == DRAFT_MODEL).all()  # type: ignore[arg-type]
-    assert looked_up.asked[-1].size == 0
+    assert looked_up.asked == []
     winning = _hybrid(drafted, looked_up, _policy_of(0.0005, {DRAFT_MODEL: 0.5, NGRAM: 1.0, SUFFIX: 0.3}))
     assert (winning.offer(batch, live, limits).sources == NGRAM).all()  # type: ignore[arg-type]
     assert looked_up.asked[-1].tolist() == live.tolist()
@@ -382,30 +451,62 @@ def test_the_hybrid_skips_lookups_only_where_neither_plan_would_have_taken_one()
         lookups = Offer(lookup_lengths, rng.choice([NGRAM, SUFFIX], rows))
         batch, live = SimpleNamespace(rows=rows), np.arange(rows)
         drafted = Offer(draft_lengths, np.full(rows, DRAFT_MODEL))
-        shown = _hybrid(_Offers(drafted), _Offers(lookups, (NGRAM, SUFFIX)), policy)
-        shown._a_lookup_could_be_taken = lambda *args: True  # type: ignore[method-assign]
-        chosen = shown.offer(batch, live, draft_lengths)  # type: ignore[arg-type]
-        takes_a_lookup = bool(((chosen.sources != DRAFT_MODEL) & (chosen.lengths > 0)).any())
         asked = _Offers(lookups, (NGRAM, SUFFIX))
         _hybrid(_Offers(drafted), asked, policy).offer(batch, live, draft_lengths)  # type: ignore[arg-type]
-        could = asked.asked[-1].size > 0
+        policy.could_take_a_lookup = lambda *args: True  # type: ignore[method-assign]
+        chosen = _hybrid(_Offers(drafted), _Offers(lookups, (NGRAM, SUFFIX)), policy).offer(
+            batch,  # type: ignore[arg-type]
+            live,
+            draft_lengths,
+        )
+        takes_a_lookup = bool(((chosen.sources != DRAFT_MODEL) & (chosen.lengths > 0)).any())
+        could = bool(asked.asked)
         assert could or not takes_a_lookup
         skipped += not could
     assert 25 < skipped < 475  # both outcomes were exercised
 
 
-def test_the_hybrids_draft_rows_go_no_deeper_than_the_draft_model_alone_would():
-    # a draft model at 50% acceptance pays for few tokens; a looked-up row may still take all 4
+class _SlowOffers(_Offers):
+    """Offers that take 2 ms to look up, as 16 rows' prompt lookups and suffix-index walks about do."""
+
+    def offer(self, batch, live, limits) -> Offer:
+        time.sleep(0.002)
+        return super().offer(batch, live, limits)
+
+
+@pytest.mark.parametrize("matching_rows", [1, 16])
+def test_the_hybrid_looks_up_only_now_and_then_where_lookups_do_not_pay_for_their_time(matching_rows):
+    # prompt lookup accepts 95%, so a lookup could always be taken; with one row of 16 matching, two
+    # tokens, the plan gains less than the lookups' 2 ms cost: they are re-checked every few steps only
+    rows = 16
+    policy = _compute_bound_policy(rows, {DRAFT_MODEL: 0.8, NGRAM: 0.95})
+    lookups = np.zeros(rows, np.int64)
+    lookups[:matching_rows] = 2 if matching_rows == 1 else 8
+    looked_up = _SlowOffers(Offer(lookups, np.full(rows, NGRAM)), (NGRAM,))
+    hybrid = _hybrid(_Offers(Offer(np.full(rows, 8), np.full(rows, DRAFT_MODEL))), looked_up, policy)
+    for _ in range(40):
+        hybrid.offer(SimpleNamespace(rows=rows), np.arange(rows), np.full(rows, 8))  # type: ignore[arg-type]
+    looked_up_steps = len(looked_up.asked)
+    if matching_rows == 1:
+        assert not policy.lookups_pay(rows)
+        assert looked_up_steps == 8 + 32 // 8  # the first 8 steps, measuring, then every 8th
+    else:
+        assert policy.lookups_pay(rows)
+        assert looked_up_steps == 40
+
+
+def test_the_hybrids_draft_rows_go_no_deeper_than_the_step_pays_for():
+    # a draft model at 50% acceptance pays for few tokens; a looked-up row at 100% may still take all 4
     policy = _policy_of(0.001, {DRAFT_MODEL: 0.5, NGRAM: 1.0, SUFFIX: 0.3})
     rows = 5
-    k_draft, _ = policy.best(rows, 4, np.full(rows, 4), np.full(rows, DRAFT_MODEL))
-    assert 0 < k_draft < 4
     looked_up = Offer(np.array([0, 4, 0, 0, 0]), np.full(rows, NGRAM))  # only row 1 has a match
     drafted = _Offers(Offer(np.full(rows, 4), np.full(rows, DRAFT_MODEL)))
     hybrid = _hybrid(drafted, _Offers(looked_up, (NGRAM,)), policy)
     offer = hybrid.offer(SimpleNamespace(rows=rows), np.arange(rows), np.full(rows, 4))  # type: ignore[arg-type]
+    mix = policy.best_mix(rows, np.full(rows, 4), looked_up.lengths, looked_up.sources)
+    assert 0 < mix.depth < mix.k == 4
     assert offer.sources.tolist() == [DRAFT_MODEL, NGRAM, DRAFT_MODEL, DRAFT_MODEL, DRAFT_MODEL]
-    assert offer.lengths.tolist() == [k_draft, 4, k_draft, k_draft, k_draft]
+    assert offer.lengths.tolist() == [mix.depth, 4, mix.depth, mix.depth, mix.depth]
 
 
 def test_the_hybrids_draft_model_runs_only_as_deep_as_its_own_rows_go():
