@@ -56,9 +56,9 @@ if TYPE_CHECKING:
 # two-token n-gram recurs everywhere) and its proposals are rejected often enough to cost more verify
 # width than they earn; 6 covers the distinctive spans.
 MIN_MATCH, MAX_MATCH = 3, 6
-# Where a hybrid's lookups have not paid for their own time (on the 2-core CPU, prompt lookups and
-# suffix-index walks of 16 rows take about 0.8 ms of a 22 ms step), it looks up only every this many
-# steps, to notice when they pay again (a job's suffix index learning its answers).
+# Where a hybrid's lookups have not paid for their own time (prompt lookups and suffix-index walks cost
+# a compute-bound step of 16 rows a few per cent: benchmarks/step_costs.py), it looks up only every this
+# many steps, to notice when they pay again (a job's suffix index learning its answers).
 _RECHECK_LOOKUPS = 8
 # How many context tokens of a finished row's prompt are fed with its output to the suffix index, so
 # that the output's first tokens are indexed after the contexts that led to them.
