@@ -164,8 +164,8 @@ def _engine(target, draft, model_free, with_draft, **config):
     [*[(m, d, 4, False) for m, d in MODES], ("ngram", False, 1, True), ("suffix", True, 1, True)],
 )
 def test_greedy_tokens_are_the_targets_own(target, draft, model_free, with_draft, batch_size, fixed_k, monkeypatch):
-    # models this small decode a step in about the time 4 rows' lookups take, so the hybrid would look
-    # up only now and then (tested below); here it looks up every step, so that its choices are exercised
+    # with models this small a lookup's time is a large share of a step, so the hybrid may look up only
+    # now and then (tested below); here it looks up every step, so that its choices are exercised
     monkeypatch.setattr(SpeculationPolicy, "lookups_pay", lambda self, rows: True)
     prompts = _repetitive_prompts()
     requests = [
