@@ -354,8 +354,11 @@ class SpeculationPolicy:
         the mix is never estimated below either. Before the draft model's forward and the target are
         timed, each row takes the proposal that expects more at its full length, and the step's choice
         (`choose`) measures what is missing."""
-        by_length = {int(source): self.expected_tokens_by_length(int(source)) for source in np.unique(lookup_sources)}
-        by_lookup = np.array([by_length[int(source)] for source in lookup_sources]).reshape(-1, self._positions + 1)
+        sources = np.unique(lookup_sources)
+        curves = np.zeros((0, self._positions + 1))  # [proposers, K + 1]
+        if sources.size:
+            curves = np.stack([self.expected_tokens_by_length(int(source)) for source in sources])
+        by_lookup = curves[np.searchsorted(sources, lookup_sources)]  # [n, K + 1], no loop over rows
         return self._mix(rows, draft_offers, lookup_offers, by_lookup)
 
     def could_take_a_lookup(self, rows: int, draft_offers: np.ndarray, candidates: Sequence[int]) -> bool:
