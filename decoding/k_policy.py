@@ -135,6 +135,7 @@ class Mix:
     takes_lookup: np.ndarray  # [n] bool, the rows that take their looked-up proposal
     rate: float  # its expected tokens per second (0 while not all of its costs are measured)
     seconds: float  # its estimated step time (0 while not measured)
+    draft_alone_rate: float  # the rate of the best plan in which no row takes its lookup (0: not measured)
 
 
 class SpeculationPolicy:
@@ -370,13 +371,13 @@ class SpeculationPolicy:
         optimistic = self._mix(rows, draft_offers, draft_offers, np.broadcast_to(best, (draft_offers.size, best.size)))
         return bool(optimistic.takes_lookup.any())
 
-    def observe_lookups(self, rows: int, seconds: float, mix: Mix, draft_alone: Mix) -> None:
+    def observe_lookups(self, rows: int, seconds: float, mix: Mix) -> None:
         """A hybrid's step looked rows up in `seconds` (prompt lookups, suffix-index walks) and planned
-        `mix`, where the draft model alone would have planned `draft_alone`: keep the ratio of the two
-        plans' expected tokens per second, the lookups' time added to the mix's step."""
-        if mix.rate > 0 and draft_alone.rate > 0:
+        `mix`: keep the ratio of its expected tokens per second, the lookups' time added to its step, to
+        the draft model's alone."""
+        if mix.rate > 0 and mix.draft_alone_rate > 0:
             net = mix.rate * mix.seconds / (mix.seconds + seconds)
-            self.lookup_yield[rows].add(net / draft_alone.rate)
+            self.lookup_yield[rows].add(net / mix.draft_alone_rate)
 
     def lookups_pay(self, rows: int) -> bool:
         """Whether a hybrid's lookups have yielded more than they cost at about `rows` rows (on average over
@@ -393,18 +394,28 @@ class SpeculationPolicy:
         times = self.step_time_table(rows, top)  # [depth, k]
         if not np.isfinite(times[top, top]):
             takes_lookup = by_lookup[np.arange(n), lookup_offers] > by_draft[draft_offers]
-            return Mix(top, top, takes_lookup, 0.0, 0.0)
+            return Mix(top, top, takes_lookup, 0.0, 0.0, 0.0)
         ks = np.arange(top + 1)
         lookup_gain = by_lookup[np.arange(n)[:, None], np.minimum(lookup_offers[:, None], ks)]  # [n, k]
         depths = np.minimum(ks[:, None], ks[None, :])  # [depth, k]: the forwards the draft model runs
         draft_gain = by_draft[np.minimum(draft_offers[:, None, None], depths)]  # [n, depth, k]
-        expected = np.maximum(draft_gain, lookup_gain[:, None, :]).sum(axis=0)  # [depth, k]
-        rates = expected / times
+        draft_alone = _best_rate(draft_gain.sum(axis=0) / times)
+        rates = np.maximum(draft_gain, lookup_gain[:, None, :]).sum(axis=0) / times  # [depth, k]
         depth, k = np.unravel_index(int(np.argmax(rates)), rates.shape)
         if rates[depth, k] < _MIN_GAIN * rates[0, 0]:  # plain; rows keep what expects more, for a probe
-            return Mix(0, 0, lookup_gain[:, top] > draft_gain[:, top, top], float(rates[0, 0]), float(times[0, 0]))
+            takes_lookup = lookup_gain[:, top] > draft_gain[:, top, top]
+            return Mix(0, 0, takes_lookup, float(rates[0, 0]), float(times[0, 0]), draft_alone)
         takes_lookup = lookup_gain[:, k] > draft_gain[:, depth, k]
-        return Mix(int(k), int(min(depth, k)), takes_lookup, float(rates[depth, k]), float(times[depth, k]))
+        return Mix(
+            int(k), int(min(depth, k)), takes_lookup, float(rates[depth, k]), float(times[depth, k]), draft_alone
+        )
+
+
+def _best_rate(rates: np.ndarray) -> float:
+    """The rate `_mix` plans at, of plans' rates [depth, k]: the best, unless it gains too little over a
+    plain step's."""
+    best = float(rates.max())
+    return best if best >= _MIN_GAIN * rates[0, 0] else float(rates[0, 0])
 
 
 def _accepted(expected_by_length: np.ndarray, offers: np.ndarray, top: int) -> np.ndarray:

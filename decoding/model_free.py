@@ -166,6 +166,7 @@ class HybridProposer:
         self.max_k = draft.max_k
         self._sources = np.zeros(0, np.int64)  # [rows], the last offer's
         self._steps_without_lookups = 0
+        self._lookups_taken = False  # whether the plan of the last step that looked up took any lookup
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
         self.draft.admit(batch, admission, stats)
@@ -180,9 +181,9 @@ class HybridProposer:
             seconds = time.perf_counter() - started
             lookups, lookup_sources = looked_up.lengths[live], looked_up.sources[live]
             mix = self.policy.best_mix(batch.rows, full, lookups, lookup_sources)
-            draft_alone = self.policy.best_mix(batch.rows, full, nothing, nothing)
-            self.policy.observe_lookups(batch.rows, seconds, mix, draft_alone)
+            self.policy.observe_lookups(batch.rows, seconds, mix)
             self._steps_without_lookups = 0
+            self._lookups_taken = bool(mix.k and mix.takes_lookup.any())
         else:  # the plan the lookups would have led to, without their time
             lookups = lookup_sources = nothing
             mix = self.policy.best_mix(batch.rows, full, lookups, lookup_sources)
@@ -196,10 +197,12 @@ class HybridProposer:
         return Offer(lengths, sources)
 
     def _looks_up(self, rows: int, full: np.ndarray) -> bool:
-        """Whether this step looks its rows up: where a lookup could be taken at all, and either lookups have
-        paid for their time lately or a re-check is due."""
+        """Whether this step looks its rows up: where lookups have paid for their time lately or a re-check
+        is due, and a lookup could be taken at all. That last check is made only after a step whose plan
+        took no lookup: where lookups are taken step after step (one row, on a grounded or templated job)
+        it cost as much as the lookups it would have saved (`benchmarks/step_costs.py`, offers ms)."""
         due = self.policy.lookups_pay(rows) or self._steps_without_lookups + 1 >= _RECHECK_LOOKUPS
-        return due and self.policy.could_take_a_lookup(rows, full, self.model_free.sources)
+        return due and (self._lookups_taken or self.policy.could_take_a_lookup(rows, full, self.model_free.sources))
 
     def propose(
         self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats

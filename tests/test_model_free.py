@@ -382,6 +382,7 @@ def test_the_mix_is_never_estimated_below_either_proposer_alone_and_the_step_kee
         _, draft_alone = policy.best(16, 8, full, np.full(rows, DRAFT_MODEL))
         _, lookups_alone = policy.best(16, 8, lookups, lookup_sources)
         assert mix.rate >= max(draft_alone, lookups_alone) * (1 - 1e-9)
+        assert mix.draft_alone_rate == pytest.approx(draft_alone)  # what the lookup gate weighs the mix by
         if mix.k == 0:
             continue
         # the offers the hybrid makes from the mix: the step's own choice of k lands on the mix's k
@@ -435,6 +436,30 @@ def test_the_hybrid_looks_nothing_up_where_no_lookup_could_be_taken():
     warming = _hybrid(drafted, looked_up, untimed)
     assert (warming.offer(batch, live, limits).sources == NGRAM).all()  # type: ignore[arg-type]
     assert looked_up.asked[-1].tolist() == live.tolist()
+
+
+def test_the_hybrid_checks_whether_a_lookup_could_be_taken_only_after_a_step_that_took_none():
+    # where rows take their lookups step after step, the check costs as much as the lookups themselves
+    rows = 3
+    drafted = _Offers(Offer(np.full(rows, 4), np.full(rows, DRAFT_MODEL)))
+    batch, live, limits = SimpleNamespace(rows=rows), np.arange(rows), np.full(rows, 4)
+    policy = _policy_of(0.0005, {DRAFT_MODEL: 0.5, NGRAM: 1.0, SUFFIX: 0.3})
+    checks = []
+    check = policy.could_take_a_lookup
+
+    def counted(*args):
+        checks.append(args)
+        return check(*args)
+
+    policy.could_take_a_lookup = counted  # type: ignore[method-assign]
+    matching = _hybrid(drafted, _Offers(Offer(np.full(rows, 4), np.full(rows, NGRAM)), (NGRAM,)), policy)
+    for _ in range(5):
+        assert (matching.offer(batch, live, limits).sources == NGRAM).all()  # type: ignore[arg-type]
+    assert len(checks) == 1  # the first step's
+    missing = _hybrid(drafted, _Offers(Offer(np.zeros(rows, np.int64), np.full(rows, NGRAM)), (NGRAM,)), policy)
+    for _ in range(5):
+        assert (missing.offer(batch, live, limits).sources == DRAFT_MODEL).all()  # type: ignore[arg-type]
+    assert len(checks) == 1 + 5  # no lookup taken: every step checks first
 
 
 def test_the_hybrid_skips_lookups_only_where_neither_plan_would_have_taken_one():
