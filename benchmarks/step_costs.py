@@ -5,7 +5,8 @@
 
 The same engines as `specq bench --workloads` (bench/draft_axis.py: the demo pair, greedy, each
 contender at its default K), one warm-up pass, then one timed pass sharing the warm-up's policy. For each
-contender: tokens/s, the whole pass and its prefill in seconds, the steps taken, and at the full batch
+contender: tokens/s, the whole pass and its prefill in seconds, the prompt tokens it prefilled (the rest
+were a head another row held: decoding/prefix_reuse.py), the steps taken, and at the full batch
 the mean seconds of a plain step and of its target forward, the policy's median of the proposer's
 offers (prompt lookups, suffix-index walks, the hybrid weighing its plans) over its last steps, and the
 target forward at each width verified (tokens a row). `--probe-interval` sets the adaptive policy's
@@ -43,10 +44,10 @@ def main() -> None:
     rows = args.batch_size
     print(f"{args.workload}, {args.requests} requests of {args.max_tokens} tokens, batch {rows}")
     print(
-        "| contender | tokens/s | pass s | prefill s | steps | plain step ms | its forward ms | offers ms |"
-        " forward ms by width |"
+        "| contender | tokens/s | pass s | prefill s | prompt tokens prefilled | steps | plain step ms |"
+        " its forward ms | offers ms | forward ms by width |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.contenders.split(","):
         uses_draft, model_free = DRAFTS[name]
         config = DecodingConfig(batch_size=rows, model_free=model_free, probe_interval=args.probe_interval)
@@ -76,7 +77,8 @@ def main() -> None:
         offered = timed.policy.t_offer[rows].value if rows in timed.policy.t_offer else None
         offers = "-" if offered is None else f"{offered * 1e3:.2f}"
         print(
-            f"| {name} | {tokens / seconds:.1f} | {seconds:.3f} | {stats.time_prefill_s:.3f} | {stats.num_steps} | "
+            f"| {name} | {tokens / seconds:.1f} | {seconds:.3f} | {stats.time_prefill_s:.3f} | "
+            f"{stats.prefill_tokens} of {stats.prefill_tokens + stats.prompt_tokens_reused} | {stats.num_steps} | "
             f"{ms(f'step:0@{rows}')} | {ms(f'target:1@{rows}')} | {offers} | "
             f"{by_width} |"
         )

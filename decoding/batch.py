@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specq.decoding.kv_cache import RaggedKVCache
+from specq.decoding.prefix_reuse import HeldPrompts
 from specq.decoding.sampling import SamplingTensors
 from specq.decoding.static_shapes import capacity_bucket, row_bucket
 from specq.decoding.stopping import StopChecker
@@ -128,6 +129,7 @@ class BatchState:
         # [rows] 1 for a live row, 0 for a finished row that waits to be reused or dropped
         self.active = torch.zeros(0, dtype=torch.int64, device=device)
         self.target_cache = target_cache
+        self.held_prompts = HeldPrompts()  # the prompt each row's target cache columns hold
         self.sampling = SamplingTensors.build([], [], [], [], device, reproducible=reproducible)
         self.slots: list[Slot | None] = []
         # host mirrors, [rows] int64
@@ -254,6 +256,7 @@ class BatchState:
         self.token_ids[:kept, :width] = token_ids[:, :width]
         self.seq_lens, self.active = device_rows(self.seq_lens, 1), device_rows(self.active, 0)
         self.target_cache.resize(rows, capacity, keep_t)
+        self.held_prompts.resize(rows, keep)
         self.seq_h, self.prompt_h = host_rows(self.seq_h, 1), host_rows(self.prompt_h, 0)
         self.max_tokens_h, self.generated_h = host_rows(self.max_tokens_h, 1), host_rows(self.generated_h, 0)
         self.draft_tokens_h, self.accepted_h = host_rows(self.draft_tokens_h, 0), host_rows(self.accepted_h, 0)

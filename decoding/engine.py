@@ -272,8 +272,10 @@ class SpeculativeEngine:
         prompt_ids, n = admission.prompt_ids, len(admission.rows)  # [n, width]
         first_logits = None
         if self._emit_at_prefill:
+            leaders = [tuple(prompts[i]) for i in (range(n) if shared is None else shared.leaders)]
+            prompt_ids, starts = self._unshared_tails(batch, admission, leaders)
             # positions worked out on the host, from the prompts' lengths: no device sync at admission
-            last = admission.prompt_lens - 1  # [n]
+            last = admission.prompt_lens - 1 - (0 if starts is None else starts)  # [n]
             keep = np.unique(last)  # [u] sorted: the positions whose logits are computed
             logits = self.target_lm.prefill(
                 batch.target_cache,
@@ -281,6 +283,7 @@ class SpeculativeEngine:
                 prompt_ids,
                 self.vocab_size,
                 keep=torch.from_numpy(keep).to(self.device),
+                starts=starts,
             )  # [n, u, V]
             self.stats.target_forwards += 1
             picked = torch.from_numpy(np.searchsorted(keep, last)).to(self.device)  # [n]
@@ -303,8 +306,32 @@ class SpeculativeEngine:
             )
             if first_logits is not None:
                 first_logits = first_logits[torch.from_numpy(shared.inverse).to(self.device)]  # [n, V]
+        if self._emit_at_prefill:  # every prompt column written (without, the last one is written by a step)
+            batch.held_prompts.record(full.rows.tolist(), [tuple(prompt) for prompt in prompts])
         self.stats.time_prefill_s += time.perf_counter() - started
         return first_logits
+
+    def _unshared_tails(
+        self, batch: BatchState, admission: Admission, prompts: list[tuple[int, ...]]
+    ) -> tuple[torch.Tensor, np.ndarray | None]:
+        """What the prefill of `admission`'s rows (prompts `prompts`) must run: the prompts' ids [n, width]
+        and None, or, where rows hold a long head of them (decoding/prefix_reuse.py), the ids after it,
+        right-padded, and where each row's starts [n], its head copied into it first."""
+        holders, heads = batch.held_prompts.shared_heads(admission.rows, prompts)
+        if not heads.any():
+            return admission.prompt_ids, None
+        lent = np.flatnonzero(holders != admission.rows)  # [m] rows that take another row's head
+        if lent.size:
+            batch.target_cache.copy_rows(
+                torch.from_numpy(holders[lent]).to(self.device),
+                admission.rows_t[torch.from_numpy(lent).to(self.device)],
+                int(heads[lent].max()),
+            )
+        tails = [prompt[head:] for prompt, head in zip(prompts, heads.tolist(), strict=True)]
+        width = max(map(len, tails))
+        padded = [list(tail) + [0] * (width - len(tail)) for tail in tails]
+        self.stats.prompt_tokens_reused += int(heads.sum())
+        return torch.tensor(padded, device=self.device), heads
 
     def _emit_first(self, batch: BatchState, rows: np.ndarray, first_logits: torch.Tensor) -> list[GenerationResult]:
         """Append each new row's first token, from the prefill's last logits [n, V]: feeding the last
@@ -323,6 +350,7 @@ class SpeculativeEngine:
     def _step(self, batch: BatchState) -> Iterator[GenerationResult]:
         watch = _Stopwatch(self.device)  # from the offers on: a model-free proposer's lookups are part of a step
         live = batch.live_rows()
+        batch.held_prompts.forget_idle(live)
         offered = self.proposer is not None and self.policy.wants_offers(batch.rows)
         k, num_draft_h, sources_h = self._choose_k(batch, live) if offered else self._plain(batch)
         # uploaded before any work of the step is queued, so the copy waits for nothing

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from specq.decoding.kv_cache import RaggedKVCache
@@ -67,6 +68,9 @@ class RaggedLM:
         self.static = static or self.cuda_graphed
         # a compiled model's own module: a prompt of each length would otherwise be a graph of its own
         self._prefill_model: CausalLM = getattr(model, "_orig_mod", model) if self.static else model
+        # a prefill after a held head (admission, not the decode loop) would be graphs of its own, one for
+        # each count of rows and of logits kept: it runs eagerly
+        self._extend_model: CausalLM = getattr(model, "_orig_mod", model)
         self.device = next(model.parameters()).device
         text_config = model.config.get_text_config()
         self.num_layers: int = text_config.num_hidden_layers
@@ -93,16 +97,28 @@ class RaggedLM:
         input_ids: torch.Tensor,
         vocab_size: int,
         keep: torch.Tensor | int,
+        starts: np.ndarray | None = None,
     ) -> torch.Tensor:
-        """Write the right-padded prompts `input_ids` [n, T] into fresh cache `rows` [n] from column 0.
+        """Write the right-padded prompts `input_ids` [n, T] into cache `rows` [n]: from column 0, or where
+        `starts` [n] says, after the first starts[i] columns that row rows[i] already holds (a prefix
+        shared with an earlier prompt, decoding/prefix_reuse.py).
 
         Logits only at positions `keep` ([n, len(keep), vocab_size]; an int: the last `keep`) where the
         model can compute them alone; otherwise at every position ([n, T, vocab_size]).
         """
         width = input_ids.shape[1]
-        cache.plan_prefill(rows, width)
-        # contiguous, as a step's columns are: a compiled forward then needs no graph for other strides
-        columns = torch.arange(width, device=input_ids.device).expand_as(input_ids).contiguous()  # [n, T]
+        offsets = torch.arange(width, device=input_ids.device)
+        if starts is None:
+            cache.plan_prefill(rows, width)
+            # contiguous, as a step's columns are: a compiled forward then needs no graph for other strides
+            columns = offsets.expand_as(input_ids).contiguous()  # [n, T]
+        else:
+            # a shorter row's padding goes past its prompt, and no further than the cache's last column
+            columns = (torch.from_numpy(starts).to(input_ids.device).unsqueeze(1) + offsets).clamp_(
+                max=cache.capacity - 1
+            )  # [n, T]
+            cache.plan_extend(rows, columns, min(int(starts.max()) + width, cache.capacity))
+            return self._run(self._extend_model, cache, input_ids, columns, vocab_size, keep)
         return self._run(self._prefill_model, cache, input_ids, columns, vocab_size, keep)
 
     def step(

@@ -35,8 +35,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 class WritePlan:
     """Where the current forward pass writes, set by `RaggedKVCache.plan_*` before each forward."""
 
-    columns: torch.Tensor | None  # [rows, T] column of each new token; None for a prefill of `rows`
-    rows: torch.Tensor | None  # [n] rows a prefill writes (columns 0..T-1); None for all rows
+    columns: torch.Tensor | None  # [rows or n, T] column of each new token; None: a prefill from column 0
+    rows: torch.Tensor | None  # [n] rows a prefill writes; None for all rows (a step)
     kv_length: int  # columns the attention reads
 
 
@@ -84,10 +84,15 @@ class RaggedLayer(CacheLayerMixin):
             self.keys[plan.rows, :, :width] = key_states
             self.values[plan.rows, :, :width] = value_states
             return key_states, value_states
-        rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)  # [rows, 1]
+        if plan.rows is None:
+            rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)  # [rows, 1]
+        else:  # a prefill after the prefix its rows already hold
+            rows = plan.rows.unsqueeze(1)  # [n, 1]
         # indexing dims 0 and 2 around a slice puts the indexed dims first: [rows, T, kv_heads, head_dim]
         self.keys[rows, :, plan.columns] = key_states.transpose(1, 2)
         self.values[rows, :, plan.columns] = value_states.transpose(1, 2)
+        if plan.rows is not None:
+            return self.keys[plan.rows, :, : plan.kv_length], self.values[plan.rows, :, : plan.kv_length]
         return self.keys[:, :, : plan.kv_length], self.values[:, :, : plan.kv_length]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -153,6 +158,11 @@ class RaggedKVCache(Cache):
     def plan_prefill(self, rows: torch.Tensor, width: int) -> None:
         """The next forward writes `width` tokens into fresh `rows`, from column 0."""
         self.plan = WritePlan(columns=None, rows=rows, kv_length=width)
+
+    def plan_extend(self, rows: torch.Tensor, columns: torch.Tensor, kv_length: int) -> None:
+        """The next forward writes row rows[i]'s token t at `columns[i, t]` after a prefix the row already
+        holds, for `rows` [n] alone; attention reads `kv_length` columns."""
+        self.plan = WritePlan(columns=columns, rows=rows, kv_length=kv_length)
 
     def plan_step(self, columns: torch.Tensor, kv_length: int) -> None:
         """The next forward writes row b's token t at `columns[b, t]`; attention reads `kv_length` columns."""

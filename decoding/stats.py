@@ -42,6 +42,7 @@ class EngineStats:
     target_forwards: int = 0
     draft_forwards: int = 0
     prefill_tokens: int = 0
+    prompt_tokens_reused: int = 0  # prompt tokens not prefilled: a head another prompt left in the cache
     time_prefill_s: float = 0.0
     time_draft_s: float = 0.0  # draft forward passes while proposing
     time_target_s: float = 0.0  # target forward passes while verifying / decoding

@@ -164,6 +164,7 @@ def test_workers_and_metrics(env, tiny_pair, tmp_path) -> None:
         "specq_spec_decode_num_accepted_tokens_total",
         'specq_spec_decode_num_accepted_tokens_per_pos_total{device="cpu",model_name="',
         "specq_generation_tokens_total",
+        "specq_prompt_tokens_reused_total",
         "specq_num_requests_running",
         "specq_num_requests_waiting",
         'specq_spec_decode_num_draft_tokens_by_proposer_total{device="cpu",model_name="',

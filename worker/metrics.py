@@ -84,6 +84,7 @@ class WorkerMetrics:
     proposer_accepted_tokens: Counter
     generation_tokens: Counter
     prompt_tokens: Counter
+    prompt_tokens_reused: Counter
     request_success: Counter
     request_failure: Counter
     requests_running: Gauge
@@ -136,6 +137,12 @@ class WorkerMetrics:
             ),
             generation_tokens=Counter("specq_generation_tokens", "Tokens generated.", LABELS, registry=r),
             prompt_tokens=Counter("specq_prompt_tokens", "Prompt tokens prefilled.", LABELS, registry=r),
+            prompt_tokens_reused=Counter(
+                "specq_prompt_tokens_reused",
+                "Prompt tokens not prefilled: a head of the prompt that another row of the batch held.",
+                LABELS,
+                registry=r,
+            ),
             request_success=Counter(
                 "specq_request_success", "Requests completed.", (*LABELS, "finished_reason"), registry=r
             ),
@@ -219,6 +226,7 @@ class WorkerMetrics:
             self.proposer_accepted_tokens.labels(*labels, proposer).inc(counters["accepted_tokens"])
         self.generation_tokens.labels(*labels).inc(stats.num_generated_tokens)
         self.prompt_tokens.labels(*labels).inc(stats.prefill_tokens)
+        self.prompt_tokens_reused.labels(*labels).inc(stats.prompt_tokens_reused)
 
     def add_results(self, model: str, device: str, results: list[GenerationResult], since_enqueue_s: float) -> None:
         """Count stored results; `since_enqueue_s`: seconds from the job's enqueue to now (the store)."""

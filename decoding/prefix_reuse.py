@@ -1,0 +1,79 @@
+"""Prefill only the part of a prompt that no row of the batch already holds.
+
+A batch job's prompts often share a long head: one template filled in thousands of times, one system
+prompt, one few-shot preamble. The target's keys and values of a prompt's first m tokens depend on
+those m tokens alone (causal attention; a row's positions are its cache columns, decoding/kv_cache.py),
+so a row whose prompt starts with m tokens another row holds can take those m columns (copied from
+that row, or kept: a row refilled right after its request ended holds its last prompt still) and
+prefill from column m. On a templated job at batch 1 the prefill was about 15% of a target-only pass
+(docs/benchmarks.md); with the head reused, only each prompt's own tail is run.
+
+Which rows hold what is known on the host: each row's prompt, recorded at its prefill, for as long as
+its columns are intact. A live row's prompt columns are never written again (a step writes at the
+row's length and after). A row whose request ended is stepped at length 1 while it idles, which
+writes over its first columns, so its prompt is forgotten at the next step; admission comes before
+that step, so the row refilled at once keeps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# Shorter shared heads are not reused: a few common tokens (a BOS, "def ") would save next to nothing and
+# make every prompt's prefill an extension of another row's.
+MIN_SHARED_TOKENS = 16
+
+
+class HeldPrompts:
+    """The prompt whose keys and values each row of the target's cache holds (None: none intact)."""
+
+    def __init__(self) -> None:
+        self.prompts: list[tuple[int, ...] | None] = []  # [rows]
+
+    def record(self, rows: Sequence[int], prompts: Sequence[tuple[int, ...]]) -> None:
+        for row, prompt in zip(rows, prompts, strict=True):
+            self.prompts[row] = prompt
+
+    def forget_idle(self, live: np.ndarray) -> None:
+        """Rows not in `live` are about to be stepped idle, over their first columns."""
+        kept = set(live.tolist())
+        for row in range(len(self.prompts)):
+            if row not in kept:
+                self.prompts[row] = None
+
+    def resize(self, rows: int, keep: np.ndarray | None) -> None:
+        kept = self.prompts if keep is None else [self.prompts[i] for i in keep]
+        self.prompts = kept[:rows] + [None] * (rows - len(kept[:rows]))
+
+    def shared_heads(self, rows: np.ndarray, prompts: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+        """For prompts about to be prefilled into `rows` [n]: the row holding the longest head of each
+        (the row itself where its own is longest) and that head's length in tokens ([n] each; 0 where
+        no held head is `MIN_SHARED_TOKENS` long). A row being refilled lends only to itself: its
+        columns are about to change. A head stops one token short of its prompt, whose last token's
+        logits the prefill must compute."""
+        refilled = set(rows.tolist())
+        donors, lengths = rows.copy(), np.zeros(len(rows), np.int64)
+        for i, (row, prompt) in enumerate(zip(rows.tolist(), prompts, strict=True)):
+            for holder, held in enumerate(self.prompts):
+                if held is None or (holder in refilled and holder != row):
+                    continue
+                shared = _common_head(prompt, held, limit=len(prompt) - 1)
+                if shared > lengths[i] or (shared == lengths[i] and holder == row):
+                    donors[i], lengths[i] = holder, shared
+        lengths[lengths < MIN_SHARED_TOKENS] = 0
+        return donors, lengths
+
+
+def _common_head(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:
+    """The length of the longest common prefix of `a` and `b`, at most `limit`: a binary search on slices,
+    whose comparisons run in C."""
+    low, high = 0, min(len(a), len(b), limit)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
