@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from specq.decoding.hf_model import LAST_ONLY, RaggedLM
+from specq.decoding.prefix_reuse import HeldPrompts
 from specq.decoding.proposer import Offer
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
 from specq.decoding.static_shapes import width_bucket
@@ -52,6 +53,7 @@ class DraftModelProposer:
         self.draft_lens = torch.zeros(0, dtype=torch.int64, device=device)  # [rows]
         self.draft_h = np.zeros(0, np.int64)  # [rows], host mirror: sizes the forward passes without a sync
         self.unread = np.zeros(0, bool)  # [rows] admitted rows whose sequence the cache has not read yet
+        self.held_prompts = HeldPrompts()  # the prompt each row's draft cache columns hold
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
         self.draft_lens[admission.rows_t] = 0
@@ -60,19 +62,35 @@ class DraftModelProposer:
 
     def _read_new_rows(self, batch: BatchState, stats: EngineStats) -> None:
         """Prefill the rows admitted since the last proposal with all but their sequence's last token (the
-        target verifies that one with the first draft tokens). Counted as prefill time, not drafting."""
+        target verifies that one with the first draft tokens), after the head of their prompt that a row of
+        this cache holds (decoding/prefix_reuse.py). Counted as prefill time, not drafting."""
         rows = np.flatnonzero(self.unread)
         if rows.size == 0:
             return
         started = time.perf_counter()
         self.unread[rows] = False
         lengths = batch.seq_h[rows] - 1  # [n]
-        width = int(lengths.max())
         rows_t = torch.from_numpy(rows).to(self.lm.device)  # [n]
+        # the part of each row's prompt it reads (all of it once the row's first token is decoded)
+        prompts = [_slot_prompt(batch, row)[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
+        holders, heads = self.held_prompts.shared_heads(rows, prompts)
+        lent = np.flatnonzero(holders != rows)  # [m] rows that take another row's head
+        if lent.size:
+            self.cache.copy_rows(
+                torch.from_numpy(holders[lent]).to(self.lm.device),
+                rows_t[torch.from_numpy(lent).to(self.lm.device)],
+                int(heads[lent].max()),
+            )
+        width = int((lengths - heads).max())
         if width > 0:
-            inputs = self._readable(batch.token_ids[rows_t, :width])  # [n, width], right-padded
-            self.lm.prefill(self.cache, rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
+            starts = torch.from_numpy(heads).to(self.lm.device)  # [n]
+            columns = (starts.unsqueeze(1) + batch.arange(width)).clamp_(max=batch.capacity - 1)  # [n, width]
+            inputs = self._readable(batch.token_ids[rows_t].gather(1, columns))  # [n, width], right-padded
+            self.lm.prefill(
+                self.cache, rows_t, inputs, self.vocab_size, keep=LAST_ONLY, starts=heads if heads.any() else None
+            )
             stats.draft_forwards += 1
+        self.held_prompts.record(rows.tolist(), prompts)
         self.draft_lens[rows_t] = batch.seq_lens[rows_t] - 1
         self.draft_h[rows] = lengths
         stats.time_prefill_s += time.perf_counter() - started
@@ -118,6 +136,8 @@ class DraftModelProposer:
                 uniforms = counter_uniforms(sampling.seeds, positions, Stream.DRAFT)  # [rows, 1]
                 token_ids.append(sample_from_probs(position_probs, uniforms.squeeze(1)))
             probs.append(position_probs)
+        # rows without a request were fed at length 1 too, over their first columns
+        self.held_prompts.forget_idle(batch.live_rows())
         # The last draft token is never fed: the cache now holds the sequence and draft tokens 0..k-2.
         self.draft_lens = batch.seq_lens + (k - 1)
         self.draft_h = batch.seq_h + (k - 1)
@@ -156,6 +176,7 @@ class DraftModelProposer:
         kept_unread = (self.unread if keep is None else self.unread[keep])[:rows]
         self.unread = np.concatenate([kept_unread, np.zeros(add, bool)])
         self.cache.resize(rows, capacity, keep_t)
+        self.held_prompts.resize(rows, keep)
 
     def _forward(
         self, input_ids: torch.Tensor, columns: torch.Tensor, kv_length: int, stats: EngineStats
@@ -171,3 +192,9 @@ class DraftModelProposer:
         if self.lm.vocab_size >= self.target_vocab_size:
             return token_ids
         return token_ids.clamp(max=self.lm.vocab_size - 1)
+
+
+def _slot_prompt(batch: BatchState, row: int) -> tuple[int, ...]:
+    slot = batch.slots[row]
+    assert slot is not None  # a row is read only while its request is live
+    return tuple(slot.request.prompt_token_ids)

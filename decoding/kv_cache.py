@@ -170,7 +170,8 @@ class RaggedKVCache(Cache):
 
     def copy_rows(self, source: torch.Tensor, target: torch.Tensor, width: int) -> None:
         """Rows `target` [m] take the first `width` columns of rows `source` [m]: a prompt prefilled once
-        for several rows (a line's `n` choices)."""
+        for several rows (a line's `n` choices), a held head (decoding/prefix_reuse.py). Every source is
+        read before any target is written, so a row may be both."""
         for layer in self.layers:
             assert isinstance(layer, RaggedLayer)
             if layer.is_initialized:

@@ -50,14 +50,13 @@ class HeldPrompts:
     def shared_heads(self, rows: np.ndarray, prompts: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """For prompts about to be prefilled into `rows` [n]: the row holding the longest head of each
         (the row itself where its own is longest) and that head's length in tokens ([n] each; 0 where
-        no held head is `MIN_SHARED_TOKENS` long). A row being refilled lends only to itself: its
-        columns are about to change. A head stops one token short of its prompt, whose last token's
-        logits the prefill must compute."""
-        refilled = set(rows.tolist())
+        no held head is `MIN_SHARED_TOKENS` long). A row being refilled lends what it holds before the
+        refill: the caller copies every borrowed head in one gather, before any row is written. A head
+        stops one token short of its prompt, whose last token's logits the prefill must compute."""
         donors, lengths = rows.copy(), np.zeros(len(rows), np.int64)
         for i, (row, prompt) in enumerate(zip(rows.tolist(), prompts, strict=True)):
             for holder, held in enumerate(self.prompts):
-                if held is None or (holder in refilled and holder != row):
+                if held is None:
                     continue
                 shared = _common_head(prompt, held, limit=len(prompt) - 1)
                 if shared > lengths[i] or (shared == lengths[i] and holder == row):

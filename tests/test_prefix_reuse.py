@@ -11,13 +11,14 @@ from specq.decoding.prefix_reuse import MIN_SHARED_TOKENS, HeldPrompts
 from tests.tiny_models import IdTokenizer, reference_greedy
 
 
-def _templated(count: int, head: int = 40, seed: int = 3) -> list[list[int]]:
-    """`count` prompts of one `head`-token template, each with a tail of its own (1 to 9 tokens)."""
+def _templated(count: int, head: int = 40, seed: int = 3, templates: int = 1) -> list[list[int]]:
+    """`count` prompts of `templates` `head`-token templates in turn, each with a tail of its own (1 to 9
+    tokens). With two, a row refilled with the other template's prompt takes its head from another row."""
     generator = torch.Generator().manual_seed(seed)
-    template = torch.randint(2, 64, (head,), generator=generator).tolist()
+    heads = [torch.randint(2, 64, (head,), generator=generator).tolist() for _ in range(templates)]
     return [
-        template + torch.randint(2, 64, (int(length),), generator=generator).tolist()
-        for length in torch.randint(1, 10, (count,), generator=generator)
+        heads[i % templates] + torch.randint(2, 64, (int(length),), generator=generator).tolist()
+        for i, length in enumerate(torch.randint(1, 10, (count,), generator=generator))
     ]
 
 
@@ -50,17 +51,18 @@ def test_a_head_stops_short_of_the_prompt_and_short_heads_are_not_lent():
     assert lengths.tolist() == [0]
 
 
-def test_rows_being_refilled_lend_only_to_themselves_and_idle_rows_lend_nothing():
-    head = tuple(range(2, 2 + MIN_SHARED_TOKENS + 4))
-    held = _held((*head, 90), (*head, 91))
-    # row 0 is refilled in the same admission as row 1: its columns are about to change
-    holders, lengths = held.shared_heads(np.array([0, 1]), [(7,) * 30, (*head, 92)])
-    assert holders.tolist() == [0, 1] and lengths.tolist() == [0, len(head)]
+def test_rows_being_refilled_lend_what_they_held_and_idle_rows_lend_nothing():
+    head, other = tuple(range(2, 2 + MIN_SHARED_TOKENS + 4)), tuple(range(40, 40 + MIN_SHARED_TOKENS + 4))
+    held = _held((*head, 90), (*other, 91))
+    # rows 0 and 1 are refilled together, each with the other's template: they swap heads
+    holders, lengths = held.shared_heads(np.array([0, 1]), [(*other, 92), (*head, 93)])
+    assert holders.tolist() == [1, 0] and lengths.tolist() == [len(other), len(head)]
     held.forget_idle(np.array([1]))  # row 0 idles through the next step, over its first columns
-    holders, lengths = held.shared_heads(np.array([2]), [(*head, 92)])
+    assert held.shared_heads(np.array([2]), [(*head, 92)])[1].tolist() == [0]
+    holders, lengths = held.shared_heads(np.array([2]), [(*other, 92)])
     assert holders.tolist() == [1]
     held.resize(1, np.array([1]))  # compacted: row 1 is now row 0
-    assert held.prompts == [(*head, 91)]
+    assert held.prompts == [(*other, 91)]
 
 
 def _requests(prompts, max_tokens=12):
@@ -70,19 +72,20 @@ def _requests(prompts, max_tokens=12):
     ]
 
 
-@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize(("batch_size", "templates"), [(1, 1), (3, 1), (3, 2)])
 @pytest.mark.parametrize("static_shapes", [False, True])
 @pytest.mark.parametrize("uses_draft", [False, True])
 def test_templated_prompts_decode_as_the_target_alone_with_their_head_prefilled_once(
-    target, draft, batch_size, static_shapes, uses_draft
+    target, draft, batch_size, templates, static_shapes, uses_draft
 ):
-    prompts = _templated(10)
+    prompts = _templated(10, templates=templates)
     config = DecodingConfig(batch_size=batch_size, static_shapes=static_shapes, strict=True)
     engine = SpeculativeEngine(target, IdTokenizer(), draft if uses_draft else None, config)
     results = {r.key: r.token_ids for r in engine.generate(_requests(prompts))}
     for i, prompt in enumerate(prompts):
         assert results[i] == reference_greedy(target, prompt, 12), f"prompt {i}"
-    # all but the first admission's prompts (one per row) take the 40-token head from a row that holds it
+    # all but the first admission's prompts (one per row) take the 40-token head from a row that holds it:
+    # their own, or with two templates, often another's
     assert engine.stats.prompt_tokens_reused >= 40 * (len(prompts) - batch_size)
     assert engine.stats.prefill_tokens + engine.stats.prompt_tokens_reused == sum(map(len, prompts))
 
@@ -94,3 +97,39 @@ def test_prompts_without_a_long_shared_head_are_prefilled_whole(target):
     results = {r.key: r.token_ids for r in engine.generate(_requests(prompts))}
     assert engine.stats.prompt_tokens_reused == 0
     assert all(results[i] == reference_greedy(target, p, 12) for i, p in enumerate(prompts))
+
+
+@pytest.mark.parametrize(("batch_size", "templates"), [(1, 1), (3, 1), (3, 2)])
+def test_the_draft_model_reads_a_held_head_once_and_drafts_as_if_it_read_every_prompt_whole(
+    target, draft, batch_size, templates, monkeypatch
+):
+    # the output is the target's whatever the draft proposes, so what shows a wrong draft cache is what it
+    # proposes: with k fixed, every draft token and its acceptance must be as with whole reads
+    import specq.decoding.prefix_reuse as prefix_reuse
+
+    prompts = _templated(12, seed=4, templates=templates)
+
+    def drafted(reuse: bool):
+        monkeypatch.setattr(prefix_reuse, "MIN_SHARED_TOKENS", MIN_SHARED_TOKENS if reuse else 10**9)
+        config = DecodingConfig(batch_size=batch_size, fixed_k=True, num_speculative_tokens=3, strict=True)
+        engine = SpeculativeEngine(target, IdTokenizer(), draft, config)
+        reads = []  # each draft prefill's starts (None: from column 0)
+        assert engine._draft_proposer is not None
+        lm = engine._draft_proposer.lm
+        read = lm.prefill
+
+        def prefill(*args, **kwargs):
+            reads.append(kwargs.get("starts"))
+            return read(*args, **kwargs)
+
+        monkeypatch.setattr(lm, "prefill", prefill)
+        results = {r.key: r.token_ids for r in engine.generate(_requests(prompts))}
+        stats = engine.stats
+        return results, (stats.num_draft_tokens, stats.num_accepted_tokens, stats.accepted_per_position), reads
+
+    whole, whole_counts, whole_starts = drafted(reuse=False)
+    reused, reused_counts, reused_starts = drafted(reuse=True)
+    assert reused == whole and reused_counts == whole_counts
+    assert all(s is None for s in whole_starts)
+    heads = [int(s.max()) for s in reused_starts if s is not None]
+    assert len(heads) >= 3 and min(heads) >= 40
