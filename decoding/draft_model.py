@@ -73,14 +73,7 @@ class DraftModelProposer:
         rows_t = torch.from_numpy(rows).to(self.lm.device)  # [n]
         # the part of each row's prompt it reads (all of it once the row's first token is decoded)
         prompts = [_slot_prompt(batch, row)[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
-        holders, heads = self.held_prompts.shared_heads(rows, prompts)
-        lent = np.flatnonzero(holders != rows)  # [m] rows that take another row's head
-        if lent.size:
-            self.cache.copy_rows(
-                torch.from_numpy(holders[lent]).to(self.lm.device),
-                rows_t[torch.from_numpy(lent).to(self.lm.device)],
-                int(heads[lent].max()),
-            )
+        heads = self.held_prompts.lend(self.cache, rows, rows_t, prompts)
         width = int((lengths - heads).max())
         if width > 0:
             starts = torch.from_numpy(heads).to(self.lm.device)  # [n]

@@ -317,16 +317,9 @@ class SpeculativeEngine:
         """What the prefill of `admission`'s rows (prompts `prompts`) must run: the prompts' ids [n, width]
         and None, or, where rows hold a long head of them (decoding/prefix_reuse.py), the ids after it,
         right-padded, and where each row's starts [n], its head copied into it first."""
-        holders, heads = batch.held_prompts.shared_heads(admission.rows, prompts)
+        heads = batch.held_prompts.lend(batch.target_cache, admission.rows, admission.rows_t, prompts)
         if not heads.any():
             return admission.prompt_ids, None
-        lent = np.flatnonzero(holders != admission.rows)  # [m] rows that take another row's head
-        if lent.size:
-            batch.target_cache.copy_rows(
-                torch.from_numpy(holders[lent]).to(self.device),
-                admission.rows_t[torch.from_numpy(lent).to(self.device)],
-                int(heads[lent].max()),
-            )
         tails = [prompt[head:] for prompt, head in zip(prompts, heads.tolist(), strict=True)]
         width = max(map(len, tails))
         padded = [list(tail) + [0] * (width - len(tail)) for tail in tails]

@@ -18,8 +18,13 @@ that step, so the row refilled at once keeps it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from specq.decoding.kv_cache import RaggedKVCache
 
 # Shorter shared heads are not reused: a few common tokens (a BOS, "def ") would save next to nothing and
 # make every prompt's prefill an extension of another row's.
@@ -38,6 +43,8 @@ class HeldPrompts:
 
     def forget_idle(self, live: np.ndarray) -> None:
         """Rows not in `live` are about to be stepped idle, over their first columns."""
+        if live.size == len(self.prompts):  # the usual step: every row live
+            return
         kept = set(live.tolist())
         for row in range(len(self.prompts)):
             if row not in kept:
@@ -46,6 +53,19 @@ class HeldPrompts:
     def resize(self, rows: int, keep: np.ndarray | None) -> None:
         kept = self.prompts if keep is None else [self.prompts[i] for i in keep]
         self.prompts = kept[:rows] + [None] * (rows - len(kept[:rows]))
+
+    def lend(
+        self, cache: RaggedKVCache, rows: np.ndarray, rows_t: torch.Tensor, prompts: Sequence[tuple[int, ...]]
+    ) -> np.ndarray:
+        """`shared_heads` of the prompts about to be prefilled into `rows` (`rows_t` on the device), each head
+        held by another row copied into its row in `cache`: [n] the columns each row now holds."""
+        holders, heads = self.shared_heads(rows, prompts)
+        lent = np.flatnonzero(holders != rows)  # [m] rows that take another row's head
+        if lent.size:
+            device = rows_t.device
+            sources = torch.from_numpy(holders[lent]).to(device)
+            cache.copy_rows(sources, rows_t[torch.from_numpy(lent).to(device)], int(heads[lent].max()))
+        return heads
 
     def shared_heads(self, rows: np.ndarray, prompts: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """For prompts about to be prefilled into `rows` [n]: the row holding the longest head of each
