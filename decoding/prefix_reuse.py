@@ -17,8 +17,9 @@ that step, so the row refilled at once keeps it.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 import torch
@@ -35,24 +36,37 @@ class HeldPrompts:
     """The prompt whose keys and values each row of the target's cache holds (None: none intact)."""
 
     def __init__(self) -> None:
-        self.prompts: list[tuple[int, ...] | None] = []  # [rows]
+        self.prompts: list[tuple[int, ...] | None] = []  # [rows]; read it, change it through the methods
+        # (prompt, row) of the held prompts long enough to lend a head, sorted: the held prompt sharing
+        # the longest head with a prompt is next to where that prompt would sort, so a lookup is a
+        # bisection and two comparisons, not one comparison a row (O(admitted x rows) at admission)
+        self._sorted: list[tuple[tuple[int, ...], int]] = []
 
     def record(self, rows: Sequence[int], prompts: Sequence[tuple[int, ...]]) -> None:
         for row, prompt in zip(rows, prompts, strict=True):
-            self.prompts[row] = prompt
+            self._hold(row, prompt)
 
     def forget_idle(self, live: np.ndarray) -> None:
         """Rows not in `live` are about to be stepped idle, over their first columns."""
         if live.size == len(self.prompts):  # the usual step: every row live
             return
         kept = set(live.tolist())
-        for row in range(len(self.prompts)):
-            if row not in kept:
-                self.prompts[row] = None
+        for row, prompt in enumerate(self.prompts):
+            if prompt is not None and row not in kept:
+                self._hold(row, None)
 
     def resize(self, rows: int, keep: np.ndarray | None) -> None:
         kept = self.prompts if keep is None else [self.prompts[i] for i in keep]
         self.prompts = kept[:rows] + [None] * (rows - len(kept[:rows]))
+        self._sorted = sorted((prompt, row) for row, prompt in enumerate(self.prompts) if _can_lend(prompt))
+
+    def _hold(self, row: int, prompt: tuple[int, ...] | None) -> None:
+        held = self.prompts[row]
+        if _can_lend(held):
+            del self._sorted[bisect.bisect_left(self._sorted, (held, row))]
+        self.prompts[row] = prompt
+        if _can_lend(prompt):
+            bisect.insort(self._sorted, (prompt, row))
 
     def lend(
         self, cache: RaggedKVCache, rows: np.ndarray, rows_t: torch.Tensor, prompts: Sequence[tuple[int, ...]]
@@ -75,14 +89,24 @@ class HeldPrompts:
         stops one token short of its prompt, whose last token's logits the prefill must compute."""
         donors, lengths = rows.copy(), np.zeros(len(rows), np.int64)
         for i, (row, prompt) in enumerate(zip(rows.tolist(), prompts, strict=True)):
-            for holder, held in enumerate(self.prompts):
-                if held is None:
-                    continue
-                shared = _common_head(prompt, held, limit=len(prompt) - 1)
-                if shared > lengths[i] or (shared == lengths[i] and holder == row):
-                    donors[i], lengths[i] = holder, shared
-        lengths[lengths < MIN_SHARED_TOKENS] = 0
+            limit = len(prompt) - 1
+            if limit < MIN_SHARED_TOKENS or not self._sorted:
+                continue
+            own = self.prompts[row]
+            best = _common_head(prompt, own, limit) if own is not None else 0
+            at = bisect.bisect_left(self._sorted, (prompt,))
+            for held, holder in self._sorted[max(at - 1, 0) : at + 1]:
+                shared = _common_head(prompt, held, limit)
+                if shared > best:
+                    donors[i], best = holder, shared
+            lengths[i] = best
+        too_short = lengths < MIN_SHARED_TOKENS
+        donors[too_short], lengths[too_short] = rows[too_short], 0
         return donors, lengths
+
+
+def _can_lend(prompt: tuple[int, ...] | None) -> TypeGuard[tuple[int, ...]]:
+    return prompt is not None and len(prompt) >= MIN_SHARED_TOKENS
 
 
 def _common_head(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:
