@@ -172,8 +172,7 @@ def _warm_up(model: CausalLM, compiled: Any) -> str | None:
 # The warm-up's requests: ragged prompts, most of them a random span and then that span again (so
 # prompt lookup matches, and a pair without a draft model verifies several tokens a step too), and
 # prompts of one and two tokens (a prefill that attends to one column); decoded one row at a time and
-# then three at a time, so that rows drain and new ones are admitted beside running ones, alone and
-# several at once
+# then three at a time, so that rows drain and new ones are admitted beside running ones
 _WARM_UP_SPANS = (3, 5, 8, 4, 6, 2)
 _WARM_UP_SHORT = (1, 2)
 _WARM_UP_TOKENS = 4  # the first request's; each next one 3 more
@@ -199,9 +198,15 @@ def warm_up_decoding(target: Any, draft: Any, tokenizer: Tokenizer) -> float:
         GenerationRequest(key, tuple(prompt), SamplingParams(max_tokens=_WARM_UP_TOKENS + 3 * key, temperature=0.0))
         for key, prompt in enumerate(prompts)
     ]
-    for batch_size in (1, 3):
+    # then two rows that end at their prefill, so that two are refilled at once into a cache in use: the
+    # rows above end one at a time, and that prefill of several rows would compile a graph in a job
+    ended = [
+        GenerationRequest(len(requests) + key, tuple(prompt), SamplingParams(max_tokens=1, temperature=0.0))
+        for key, prompt in enumerate(short)
+    ]
+    for batch_size, batch in ((1, requests), (3, requests), (2, [*ended, *requests[:2]])):
         config = DecodingConfig(batch_size=batch_size, model_free=None if draft is not None else "ngram")
-        for _ in SpeculativeEngine(target, tokenizer, draft, config).generate(requests):
+        for _ in SpeculativeEngine(target, tokenizer, draft, config).generate(batch):
             pass
     return time.perf_counter() - started
 
