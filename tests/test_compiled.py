@@ -110,7 +110,7 @@ def test_the_warm_up_compiles_every_graph_a_job_then_takes(compiled_pair) -> Non
     warm_up_decoding(target, None, IdTokenizer())
     graphs = counters["stats"]["unique_graphs"]
     prompts = [[5, 9, 3, 12, 7, 5, 9, 3], [4, 8], [17, 3, 3, 25, 6, 9, 9, 30, 31, 17, 3, 3], [7] * 20, [2, 40, 41]]
-    prompts += [[11, 12, 13, 11, 12], [3] * 9]  # with these, two rows of the batch of 4 are refilled at once
+    prompts += [[11, 12, 13, 11, 12], [3] * 9]  # with these, a job refills two rows at once into a cache in use
     params = SamplingParams(max_tokens=14, logprobs=2, seed=4)  # sampled: the same forwards as greedy, and more
     requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(prompts)]
     for with_draft, config in (
