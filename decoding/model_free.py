@@ -21,9 +21,9 @@
   Rows are looked up only on steps where a lookup could be taken at all, judged from the best a lookup
   could be (as long as the row may take, at the best looked-up acceptance measured; judged only after a
   step whose plan took no lookup, since where lookups are taken step after step the judging cost as
-  much as the lookups), and where lookups
-  have paid for their own time: each step that looks up, the policy keeps what its plan promised, the
-  lookups' seconds added to its step, over what the draft model alone would have (`observe_lookups`).
+  much as the lookups), and where lookups have paid for their own time: each step that looks up, the
+  policy keeps what its plan promised, the lookups' seconds added to its step, over what the draft
+  model alone would have (`observe_lookups`).
   Where that has averaged below 1, rows are looked up only every `_RECHECK_LOOKUPS` steps, which is
   how a job notices when they pay again (its suffix index learning the answers).
 
