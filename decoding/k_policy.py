@@ -24,9 +24,10 @@ model ran (a looked-up proposal costs no forward; its host time is part of the s
 a step runs as many as its deepest draft-model row takes, which may be fewer than its k where the
 hybrid's looked-up rows verify further (decoding/model_free.py).
 
-Every `probe_interval` steps a neighbouring k is tried, and every fourth probe the full K, so estimates
-never go stale; while probes leave the choice where it was, the interval doubles (up to
-`_MAX_PROBE_BACKOFF` times), so a batch where speculation does not pay stops paying for the reminder.
+Every `probe_interval` steps a neighbouring k is tried, and every fourth probe the full K where its
+estimate is not far below the best k's (`_FULL_PROBE_REACH`), so estimates never go stale; while probes
+leave the choice where it was, the interval doubles (up to `_MAX_PROBE_BACKOFF` times), so a batch
+where speculation does not pay stops paying for the reminder.
 Between a choice of k = 0 and the next probe the policy rests: the engine decodes plainly without
 asking the proposer for offers (`wants_offers`), so prompt lookups and suffix-index walks, a few per
 cent of a compute-bound batch's step, are not paid where they are not used. For the same reason the
@@ -68,6 +69,12 @@ _MAX_PROBE_BACKOFF = 8  # the probe interval grows to at most this many times pr
 # batch a narrow verify pays a few per cent at best, inside the error of the estimates (one engine's
 # median step times differ from the next one's by a few per cent on the 2-core CPU)
 _MIN_GAIN = 1.05
+# A probe goes to the full K only where the estimate there is at least this share of the best k's: the
+# full-K probe keeps the deepest positions' acceptance and the widest verify's time fresh, but on a
+# compute-bound batch that rests (a 16-row batch verifying 9 tokens a row costs about 3 plain steps on
+# the 2-core CPU) it re-measures a choice that stale estimates could not make win. An unmeasured width
+# is estimated at the widest measured one's time, optimistically, so it is still probed.
+_FULL_PROBE_REACH = 0.75
 
 
 class _Timing:
@@ -304,7 +311,8 @@ class SpeculationPolicy:
             return 0 if top + 1 in _measured(self.t_target.get(rows, {})) else top
         if _draft_depth(offers, sources) != 0 and not self._measured_drafts():  # the draft model runs
             return top
-        best, _ = self.best(rows, top, offers, sources)
+        rates = self.rates(rows, top, offers, sources)
+        best = _best_k(rates)
         self._resting_at = rows if best == 0 else None
         if self.steps < self._next_probe:
             return best
@@ -315,7 +323,7 @@ class SpeculationPolicy:
             min(self._probe_gap * 2, self.probe_interval * _MAX_PROBE_BACKOFF) if unchanged else self.probe_interval
         )
         self._next_probe = self.steps + self._probe_gap
-        if self._probes % 4 == 0:
+        if self._probes % 4 == 0 and rates[top] >= _FULL_PROBE_REACH * rates[best]:
             return top
         # Alternate probing above and below the current best.
         return min(best + 1, top) if self._probes % 2 == 0 or best == 0 else best - 1
@@ -325,12 +333,16 @@ class SpeculationPolicy:
     ) -> tuple[int, float]:
         """The k in [0, top] of the most expected tokens per second, and that rate (0 where no step time
         is known yet); no side effects."""
-        expected = self._expected_batch_tokens(top, offers, sources)  # [top + 1]
-        rates = expected / self.step_times(rows, top, draft_depth=_draft_depth(offers, sources))
-        best = int(np.argmax(rates))
-        if rates[best] < _MIN_GAIN * rates[0]:
-            best = 0
+        rates = self.rates(rows, top, offers, sources)
+        best = _best_k(rates)
         return best, float(rates[best])
+
+    def rates(
+        self, rows: int, top: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None
+    ) -> np.ndarray:
+        """[top + 1] expected tokens per second at k = 0..top (0 where a step time is not known yet)."""
+        expected = self._expected_batch_tokens(top, offers, sources)  # [top + 1]
+        return expected / self.step_times(rows, top, draft_depth=_draft_depth(offers, sources))
 
     def _expected_batch_tokens(self, top: int, offers: np.ndarray | None, sources: np.ndarray | None) -> np.ndarray:
         """[top + 1] expected tokens the step yields at k = 0..top (per row when every row offers `top`)."""
@@ -409,6 +421,12 @@ class SpeculationPolicy:
         return Mix(
             int(k), int(min(depth, k)), takes_lookup, float(rates[depth, k]), float(times[depth, k]), draft_alone
         )
+
+
+def _best_k(rates: np.ndarray) -> int:
+    """The k of the most expected tokens per second, of `rates` [top + 1]; 0 unless it gains enough."""
+    best = int(np.argmax(rates))
+    return best if rates[best] >= _MIN_GAIN * rates[0] else 0
 
 
 def _best_rate(rates: np.ndarray) -> float:

@@ -122,6 +122,17 @@ def test_probes_back_off_while_they_change_nothing():
     assert np.count_nonzero(chosen[100:]) <= 12
 
 
+def test_the_full_k_is_probed_only_where_its_estimate_is_near_the_best():
+    # compute-bound: the full K, about 5 plain steps' time for at most 2.3 tokens a row, is never probed again
+    resting = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    chosen = _drive(resting, rows=16, t_draft=0.002, t_target=lambda n: 0.010 * n, acceptance=0.6, steps=1000)
+    assert 4 not in chosen[100:] and 1 in chosen[100:]
+    # verifying more tokens costs little more: k = 2 is best and the full K is close, so it is still probed
+    cheap = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    chosen = _drive(cheap, rows=1, t_draft=0.002, t_target=lambda n: 0.010 + 0.001 * n, acceptance=0.6, steps=1000)
+    assert np.median(chosen[100:]) == 2 and 4 in chosen[100:]
+
+
 def test_a_looked_up_proposal_is_not_charged_for_draft_forwards():
     # the draft model's forwards cost as much as the verify: a draft proposal does not pay, a looked-up
     # one, with the same acceptance and free to make, does
