@@ -212,10 +212,19 @@ def paired_ratio(numerator: Run | None, denominator: Run | None) -> float | None
     ratio of the median rates."""
     if numerator is None or denominator is None:
         return None
-    if numerator.batch_size != denominator.batch_size or len(numerator.seconds) != len(denominator.seconds):
+    rounds = paired_ratios(numerator, denominator)
+    if not rounds:
         return ratio(numerator.tokens_per_second, denominator.tokens_per_second)
+    return statistics.median(rounds)
+
+
+def paired_ratios(numerator: Run, denominator: Run) -> list[float]:
+    """numerator's tokens/s over denominator's in each round of passes (`paired_ratio`); empty where the
+    runs' passes are not paired. Their spread is how far one round's noise moves the ratio."""
+    if numerator.batch_size != denominator.batch_size or len(numerator.seconds) != len(denominator.seconds):
+        return []
     rounds = zip(numerator.tokens, numerator.seconds, denominator.tokens, denominator.seconds, strict=True)
-    return statistics.median((t1 / s1) / (t2 / s2) for t1, s1, t2, s2 in rounds if s1 > 0 and s2 > 0 and t2 > 0)
+    return [(t1 / s1) / (t2 / s2) for t1, s1, t2, s2 in rounds if s1 > 0 and s2 > 0 and t2 > 0]
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -281,6 +281,25 @@ def test_the_draft_axis_runs_every_contender_on_every_workload_with_identical_gr
     assert markdown(results).count("\n") == 2 + 5 * len(rows)
 
 
+def test_a_draft_axis_row_gives_the_spread_of_its_rounds_beside_the_median():
+    from specq.bench.draft_axis import _row, markdown
+
+    def timed(name, ratios):  # three rounds of 100 tokens, at these multiples of target-only's 100 tokens/s
+        return Run(name, 16, [100] * 3, [1 / r for r in ratios], [1.0] * 3, [0.0, 0.0], {0: [1]})
+
+    row = _row(
+        "continuation",
+        16,
+        {"target_only": timed("target_only", [1, 1, 1]), "ngram": timed("ngram", [0.9, 1.05, 0.95])},
+        False,
+    )
+    ngram = row["contenders"]["ngram"]
+    assert ngram["over_target_only"] == pytest.approx(0.95)
+    assert ngram["over_target_only_range"] == pytest.approx([0.9, 1.05])
+    assert row["contenders"]["target_only"]["over_target_only_range"] is None
+    assert "| continuation | 16 | ngram | 95.0 | 0.95x (0.90-1.05) |" in markdown({"rows": [row]})
+
+
 def test_an_unknown_workload_or_draft_is_a_usage_error():
     for args in (["--workloads", "chat"], ["--workloads", "grounded", "--drafts", "eagle"]):
         result = CliRunner().invoke(cli, ["bench", *args])
