@@ -39,6 +39,7 @@ from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.stats import PROPOSERS, EngineStats, empty_by_proposer
 from specq.decoding.suffix_index import SuffixIndex
 
+_MIN_LOOP_TOKENS = 8  # a shorter completion repeating a token is as likely an answer as a loop
 # contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer)
 DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
     "target_only": (False, None),
@@ -189,16 +190,39 @@ def _row(workload: str, batch_size: int, runs: dict[str, Run], compare: bool) ->
         "workload": workload,
         "batch_size": batch_size,
         "contenders": contenders,
+        "prompts": len(plain.outputs),
+        "target_only_repetitive": sum(map(repeats_a_short_period, plain.outputs.values())),
         "same_output_all": None if mismatches is None else not mismatches,
         "mismatches": mismatches,
     }
+
+
+def repeats_a_short_period(tokens: list[int]) -> bool:
+    """Whether a completion is one or two tokens over and over (a weak model's loop: newline after
+    newline). Every proposer predicts such a completion, so acceptance on it measures the loop."""
+    return len(tokens) >= _MIN_LOOP_TOKENS and any(tokens[period:] == tokens[:-period] for period in (1, 2))
+
+
+def _repetition_notes(rows: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"- {row['workload']} at batch {row['batch_size']}: {row['target_only_repetitive']} of {row['prompts']}"
+        " target-only completions repeat one or two tokens over and over; acceptance there measures that loop,"
+        " not the workload."
+        for row in rows
+        if row.get("target_only_repetitive")
+    ]
 
 
 def _summary(row: dict[str, Any]) -> str:
     parts = [
         f"{name} {c['tokens_per_s']:.1f} tok/s ({c['over_target_only']:.2f}x)" for name, c in row["contenders"].items()
     ]
-    return f"{row['workload']} B={row['batch_size']}: " + "; ".join(parts)
+    loops = (
+        f" ({row['target_only_repetitive']} of {row['prompts']} completions loop)"
+        if row["target_only_repetitive"]
+        else ""
+    )
+    return f"{row['workload']} B={row['batch_size']}{loops}: " + "; ".join(parts)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -222,7 +246,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {row['workload']} | {row['batch_size']} | {name} | {c['tokens_per_s']:.1f} | "
                 f"{speedup} | {acceptance} | {split} | {k} | {same} |"
             )
-    return "\n".join(lines) + "\n"
+    notes = _repetition_notes(results["rows"])
+    return "\n".join(lines + ([""] if notes else []) + notes) + "\n"
 
 
 def run_draft_axis_benchmark(

@@ -300,6 +300,19 @@ def test_a_draft_axis_row_gives_the_spread_of_its_rounds_beside_the_median():
     assert "| continuation | 16 | ngram | 95.0 | 0.95x (0.90-1.05) |" in markdown({"rows": [row]})
 
 
+def test_completions_that_loop_are_counted_and_named_under_the_table():
+    from specq.bench.draft_axis import _row, markdown, repeats_a_short_period
+
+    assert repeats_a_short_period([5] * 8) and repeats_a_short_period([5, 9] * 6)
+    assert not repeats_a_short_period([5] * 7)  # too short to tell a loop from an answer
+    assert not repeats_a_short_period([5, 9, 4] * 4) and not repeats_a_short_period([5] * 8 + [6])
+    outputs = {0: [13] * 32, 1: [7, 13] * 16, 2: list(range(32))}
+    runs = {name: Run(name, 1, [96], [1.0], [1.0], [0.0, 0.0], outputs) for name in ("target_only", "ngram")}
+    row = _row("grounded", 1, runs, True)
+    assert (row["target_only_repetitive"], row["prompts"]) == (2, 3)
+    assert "- grounded at batch 1: 2 of 3 target-only completions repeat one or two tokens" in markdown({"rows": [row]})
+
+
 def test_an_unknown_workload_or_draft_is_a_usage_error():
     for args in (["--workloads", "chat"], ["--workloads", "grounded", "--drafts", "eagle"]):
         result = CliRunner().invoke(cli, ["bench", *args])
