@@ -1,0 +1,125 @@
+"""What the adaptive-k policy expected of each k it chose, against what those steps then gave.
+
+    python benchmarks/policy_trace.py [--workload continuation] [--batch-size 16] [--contender suffix]
+        [--requests 64] [--max-tokens 32] [--passes 3]
+
+The engines of `specq bench --workloads` (bench/draft_axis.py: the demo pair, greedy, the contender's
+default K), one warm-up pass, then `--passes` timed passes sharing the warm-up's policy, each with an
+empty suffix index. For each k chosen at the full batch: the steps that took it; the tokens a row the
+policy expected of it when it chose it, and those the steps gave; its step time over a plain step's,
+as the policy estimated it and as measured (the median step at that k over the median plain step,
+resting steps included). Where the expected gain (tokens over time) exceeds the realised one, the
+policy speculated on estimates the steps did not bear out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from specq.decoding.k_policy import SpeculationPolicy, _draft_depth
+
+
+class TracingPolicy(SpeculationPolicy):
+    """The engine's policy, keeping for each step what it expected at its choice and what happened."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps_seen: list[dict[str, Any]] = []
+        self._pending: dict[str, Any] = {}
+
+    def choose(self, rows, limit, offers=None, sources=None):
+        k = super().choose(rows, limit, offers, sources)
+        top = min(self.max_k, limit)
+        live = rows if offers is None else offers.size
+        if top > 0 and live:
+            expected = self._expected_batch_tokens(top, offers, sources)
+            times = self.step_times(rows, top, draft_depth=_draft_depth(offers, sources))
+            if np.isfinite(times[k]) and np.isfinite(times[0]):
+                self._pending = {"expected": expected[k] / live, "time_ratio": times[k] / times[0]}
+        return k
+
+    def observe_acceptance(self, num_accepted, num_draft, sources=None):
+        self._pending["realised"] = float(num_accepted.mean()) + 1.0
+        super().observe_acceptance(num_accepted, num_draft, sources)
+
+    def observe_step(self, rows, k, t_draft, t_target, t_total, **kwargs):
+        self.steps_seen.append({"rows": rows, "k": k, "seconds": t_total, **self._pending})
+        self._pending = {}
+        super().observe_step(rows, k, t_draft, t_target, t_total, **kwargs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="continuation")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--contender", default="suffix")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--passes", type=int, default=3)
+    args = parser.parse_args()
+
+    from specq.bench.draft_axis import DRAFTS
+    from specq.bench.runner import load_bench_pair
+    from specq.bench.workloads import workload_prompts
+    from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+    from specq.models.loading import tokenize_prompt
+
+    pair, *_ = load_bench_pair(None, None, "cpu", None, None, lambda line: None, "off")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    requests = [
+        GenerationRequest(i, tuple(tokenize_prompt(pair.tokenizer, prompt=text)), params)
+        for i, text in enumerate(workload_prompts(args.workload, args.requests, 256))
+    ]
+    rows = args.batch_size
+    uses_draft, model_free = DRAFTS[args.contender]
+    config = DecodingConfig(batch_size=rows, model_free=model_free)
+
+    def engine(policy: SpeculationPolicy | None = None) -> SpeculativeEngine:
+        return SpeculativeEngine(pair.target, pair.tokenizer, pair.draft if uses_draft else None, config, policy=policy)
+
+    probe = engine()  # the contender's K and mode, as `specq run` sets them
+    policy = TracingPolicy(probe.max_k, fixed=config.fixed_k, probe_interval=config.probe_interval)
+    list(engine(policy).generate(requests[:rows]))
+    policy.steps_seen.clear()
+    rates = []
+    for _ in range(args.passes):
+        started = time.perf_counter()
+        tokens = sum(len(result.token_ids) for result in engine(policy).generate(requests))
+        rates.append(tokens / (time.perf_counter() - started))
+    print(
+        f"{args.contender} on {args.workload}, batch {rows}: {args.passes} passes of {args.requests} requests of "
+        f"{args.max_tokens} tokens at {', '.join(f'{r:.1f}' for r in rates)} tokens/s"
+    )
+    by_k: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for step in policy.steps_seen:
+        if step["rows"] == rows:
+            by_k[step["k"]].append(step)
+    plain = statistics.median(step["seconds"] for step in by_k[0]) if by_k[0] else float("nan")
+    print(
+        "| k | steps | tokens a row expected | realised | step time / plain, expected | measured |"
+        " gain expected | realised |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for k, steps in sorted(by_k.items()):
+        chosen = [s for s in steps if "expected" in s]
+        measured = statistics.median(s["seconds"] for s in steps) / plain
+        realised = float(np.mean([s.get("realised", 1.0) for s in steps]))
+        if not chosen:
+            print(f"| {k} | {len(steps)} | - | {realised:.2f} | - | {measured:.2f} | - | {realised / measured:.2f} |")
+            continue
+        expected = float(np.mean([s["expected"] for s in chosen]))
+        time_ratio = float(np.median([s["time_ratio"] for s in chosen]))
+        print(
+            f"| {k} | {len(steps)} | {expected:.2f} | {realised:.2f} | {time_ratio:.2f} | {measured:.2f} | "
+            f"{expected / time_ratio:.2f} | {realised / measured:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
