@@ -5,11 +5,13 @@
 
 The engines of `specq bench --workloads` (bench/draft_axis.py: the demo pair, greedy, the contender's
 default K), one warm-up pass, then `--passes` timed passes sharing the warm-up's policy, each with an
-empty suffix index. For each k chosen at the full batch: the steps that took it; the tokens a row the
-policy expected of it when it chose it, and those the steps gave; its step time over a plain step's,
-as the policy estimated it and as measured (the median step at that k over the median plain step,
-resting steps included). Where the expected gain (tokens over time) exceeds the realised one, the
-policy speculated on estimates the steps did not bear out.
+empty suffix index, in turns with target-only's. First, where each pass's time went: prefill, the
+decode steps (what the policy times) and the rest (admission, finishing, feeding the index). Then,
+for each k chosen at the full batch: the steps that took it; the tokens a row the policy expected of
+it when it chose it, and those the steps gave; its step time over a plain step's, as the policy
+estimated it and as measured (the median step at that k over the median plain step, resting steps
+included). Where the expected gain (tokens over time) exceeds the realised one, the policy
+speculated on estimates the steps did not bear out.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class TracingPolicy(SpeculationPolicy):
         return k
 
     def observe_acceptance(self, num_accepted, num_draft, sources=None):
-        self._pending["realised"] = float(num_accepted.mean()) + 1.0
+        # the engine reports a step's acceptance after its times: this is the last step's
+        self.steps_seen[-1]["realised"] = float(num_accepted.mean()) + 1.0
         super().observe_acceptance(num_accepted, num_draft, sources)
 
     def observe_step(self, rows, k, t_draft, t_target, t_total, **kwargs):
@@ -83,19 +86,38 @@ def main() -> None:
     def engine(policy: SpeculationPolicy | None = None) -> SpeculativeEngine:
         return SpeculativeEngine(pair.target, pair.tokenizer, pair.draft if uses_draft else None, config, policy=policy)
 
+    def plain_engine() -> SpeculativeEngine:
+        return SpeculativeEngine(pair.target, pair.tokenizer, None, DecodingConfig(batch_size=rows))
+
     probe = engine()  # the contender's K and mode, as `specq run` sets them
     policy = TracingPolicy(probe.max_k, fixed=config.fixed_k, probe_interval=config.probe_interval)
     list(engine(policy).generate(requests[:rows]))
+    list(plain_engine().generate(requests[:rows]))
     policy.steps_seen.clear()
-    rates = []
-    for _ in range(args.passes):
-        started = time.perf_counter()
-        tokens = sum(len(result.token_ids) for result in engine(policy).generate(requests))
-        rates.append(tokens / (time.perf_counter() - started))
+    passes: dict[str, list[tuple[float, float, float, float, int]]] = {"target_only": [], args.contender: []}
+    for _ in range(args.passes):  # in turns, as `specq bench` times them
+        for name, make in (("target_only", plain_engine), (args.contender, lambda: engine(policy))):
+            timed = make()
+            started = time.perf_counter()
+            tokens = sum(len(result.token_ids) for result in timed.generate(requests))
+            seconds = time.perf_counter() - started
+            stats = timed.stats
+            steps = sum(t for key, t in stats.timed_seconds.items() if key.startswith("step:"))
+            passes[name].append((tokens / seconds, seconds, stats.time_prefill_s, steps, stats.num_steps))
     print(
-        f"{args.contender} on {args.workload}, batch {rows}: {args.passes} passes of {args.requests} requests of "
-        f"{args.max_tokens} tokens at {', '.join(f'{r:.1f}' for r in rates)} tokens/s"
+        f"{args.contender} on {args.workload}, batch {rows}: {args.passes} passes each of {args.requests} requests"
+        f" of {args.max_tokens} tokens, in turns with target-only (medians; other = the pass less prefill and steps)"
     )
+    print("| contender | tokens/s of each pass | pass s | prefill s | steps s | other s | steps |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, runs in passes.items():
+        seconds, prefill, steps, count = (statistics.median(run[i] for run in runs) for i in range(1, 5))
+        other = statistics.median(run[1] - run[2] - run[3] for run in runs)
+        print(
+            f"| {name} | {', '.join(f'{run[0]:.1f}' for run in runs)} | {seconds:.3f} | {prefill:.3f} | "
+            f"{steps:.3f} | {other:.3f} | {count:.0f} |"
+        )
+    print()
     by_k: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for step in policy.steps_seen:
         if step["rows"] == rows:
