@@ -102,8 +102,8 @@ def main() -> None:
             tokens = sum(len(result.token_ids) for result in timed.generate(requests))
             seconds = time.perf_counter() - started
             stats = timed.stats
-            steps = sum(t for key, t in stats.timed_seconds.items() if key.startswith("step:"))
-            passes[name].append((tokens / seconds, seconds, stats.time_prefill_s, steps, stats.num_steps))
+            stepping = sum(t for key, t in stats.timed_seconds.items() if key.startswith("step:"))
+            passes[name].append((tokens / seconds, seconds, stats.time_prefill_s, stepping, stats.num_steps))
     print(
         f"{args.contender} on {args.workload}, batch {rows}: {args.passes} passes each of {args.requests} requests"
         f" of {args.max_tokens} tokens, in turns with target-only (medians; other = the pass less prefill and steps)"
@@ -111,11 +111,11 @@ def main() -> None:
     print("| contender | tokens/s of each pass | pass s | prefill s | steps s | other s | steps |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, runs in passes.items():
-        seconds, prefill, steps, count = (statistics.median(run[i] for run in runs) for i in range(1, 5))
+        seconds, prefill, stepping, count = (statistics.median(run[i] for run in runs) for i in range(1, 5))
         other = statistics.median(run[1] - run[2] - run[3] for run in runs)
         print(
             f"| {name} | {', '.join(f'{run[0]:.1f}' for run in runs)} | {seconds:.3f} | {prefill:.3f} | "
-            f"{steps:.3f} | {other:.3f} | {count:.0f} |"
+            f"{stepping:.3f} | {other:.3f} | {count:.0f} |"
         )
     print()
     by_k: dict[int, list[dict[str, Any]]] = defaultdict(list)
