@@ -14,6 +14,7 @@ and its module names (`sys.stdlib_module_names`).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from specq.limits import BENCH_WORKLOADS as WORKLOADS
 
@@ -44,6 +45,19 @@ def workload_prompts(name: str, count: int, prompt_chars: int) -> list[str]:
             _TEMPLATE_HEAD + f'    {{"name": "{modules[(i * step) % len(modules)]}", "kind": "' for i in range(count)
         ]
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+
+
+def greedy_requests(tokenizer: Any, name: str, count: int, max_tokens: int, prompt_chars: int = 256) -> list[Any]:
+    """`count` greedy `GenerationRequest`s of workload `name`, keyed 0..count-1, tokenized as the draft
+    axis tokenizes its prompts (the benchmark scripts' jobs)."""
+    from specq.decoding import GenerationRequest, SamplingParams
+    from specq.models.loading import tokenize_prompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    texts = workload_prompts(name, count, prompt_chars)
+    return [
+        GenerationRequest(i, tuple(tokenize_prompt(tokenizer, prompt=text)), params) for i, text in enumerate(texts)
+    ]
 
 
 def _module_names() -> list[str]:

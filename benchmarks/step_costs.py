@@ -31,16 +31,11 @@ def main() -> None:
 
     from specq.bench.draft_axis import DRAFTS
     from specq.bench.runner import load_bench_pair
-    from specq.bench.workloads import workload_prompts
-    from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-    from specq.models.loading import tokenize_prompt
+    from specq.bench.workloads import greedy_requests
+    from specq.decoding import DecodingConfig, SpeculativeEngine
 
     pair, *_ = load_bench_pair(None, None, "cpu", None, None, lambda line: None, "off")
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    requests = [
-        GenerationRequest(i, tuple(tokenize_prompt(pair.tokenizer, prompt=text)), params)
-        for i, text in enumerate(workload_prompts(args.workload, args.requests, 256))
-    ]
+    requests = greedy_requests(pair.tokenizer, args.workload, args.requests, args.max_tokens)
     rows = args.batch_size
     print(f"{args.workload}, {args.requests} requests of {args.max_tokens} tokens, batch {rows}")
     print(
