@@ -13,7 +13,9 @@ ModelFree = Literal["ngram", "suffix"]  # specq.limits.MODEL_FREE
 
 # K when none is given: a draft model's proposals cost a forward each, so 4; a looked-up proposal costs
 # none, and a long match pays up to the verify width (prompt lookup on the grounded workload at batch 1:
-# 2.61x target-only with 8, 2.22x with 4; docs/benchmarks.md)
+# 2.61x target-only with 8, 2.22x with 4; docs/benchmarks.md). A hybrid with K not given takes each: its
+# draft model goes 4 deep, its lookups 8 (with the draft model 8 deep too, the hybrid verified wider than
+# the draft model alone for no more tokens, and lost to it on continuation at 16 rows; docs/benchmarks.md)
 DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 8
 
 
@@ -21,6 +23,9 @@ DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 8
 class DecodingConfig:
     # K: the most draft tokens a step may propose; None: DRAFT_MODEL_ or MODEL_FREE_SPECULATIVE_TOKENS
     num_speculative_tokens: int = None  # type: ignore[assignment]  # resolved to an int in __post_init__
+    # the most tokens a draft model proposes a step (its forwards); None: K where K is given, else
+    # DRAFT_MODEL_SPECULATIVE_TOKENS. Below K only in a hybrid, whose looked-up rows verify up to K
+    draft_model_depth: int = None  # type: ignore[assignment]  # resolved to an int in __post_init__
     fixed_k: bool = False  # False: pick k <= K each step from measured step times and acceptance
     batch_size: int = 8  # sequences decoded together; free slots are refilled from the waiting requests
     strict: bool = False  # costly invariant checks (probabilities sum to 1, shapes); tests switch it on
@@ -38,10 +43,18 @@ class DecodingConfig:
     static_shapes: bool = False
 
     def __post_init__(self) -> None:
+        if self.draft_model_depth is None:
+            given = self.num_speculative_tokens
+            object.__setattr__(self, "draft_model_depth", DRAFT_MODEL_SPECULATIVE_TOKENS if given is None else given)
         if self.num_speculative_tokens is None:
             default = DRAFT_MODEL_SPECULATIVE_TOKENS if self.model_free is None else MODEL_FREE_SPECULATIVE_TOKENS
             object.__setattr__(self, "num_speculative_tokens", default)
         NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
+        if not 1 <= self.draft_model_depth <= self.num_speculative_tokens:
+            raise ValueError(
+                f"draft_model_depth must be in [1, num_speculative_tokens = {self.num_speculative_tokens}],"
+                f" got {self.draft_model_depth}"
+            )
         BATCH_SIZE.check("batch_size", self.batch_size)
         if self.probe_interval < 2:
             raise ValueError(f"probe_interval must be >= 2, got {self.probe_interval}")

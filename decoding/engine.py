@@ -154,7 +154,7 @@ class SpeculativeEngine:
         draft = (
             None
             if draft_lm is None
-            else DraftModelProposer(draft_lm, self.max_k, self.vocab_size, self.target_lm.vocab_size)
+            else DraftModelProposer(draft_lm, self.config.draft_model_depth, self.vocab_size, self.target_lm.vocab_size)
         )
         self._draft_proposer = draft
         if model_free is None:

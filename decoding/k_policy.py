@@ -374,13 +374,15 @@ class SpeculationPolicy:
         by_lookup = curves[np.searchsorted(sources, lookup_sources)]  # [n, K + 1], no loop over rows
         return self._mix(rows, draft_offers, lookup_offers, by_lookup)
 
-    def could_take_a_lookup(self, rows: int, draft_offers: np.ndarray, candidates: Sequence[int]) -> bool:
+    def could_take_a_lookup(
+        self, rows: int, draft_offers: np.ndarray, longest: np.ndarray, candidates: Sequence[int]
+    ) -> bool:
         """Whether `best_mix` could take any row's lookup, judged before any lookup from the best one could
-        be: as long as the row may take (its draft offer), at the acceptance of whichever of `candidates`
-        expects the most at that length. Every real lookup expects at most that at every k and depth, so
-        where even these are not taken, no real lookup would be (up to exact ties)."""
+        be: as long as the row may take (`longest` [n] tokens), at the acceptance of whichever of
+        `candidates` expects the most at that length. Every real lookup expects at most that at every k
+        and depth, so where even these are not taken, no real lookup would be (up to exact ties)."""
         best = np.max([self.expected_tokens_by_length(source) for source in candidates], axis=0)  # [K + 1]
-        optimistic = self._mix(rows, draft_offers, draft_offers, np.broadcast_to(best, (draft_offers.size, best.size)))
+        optimistic = self._mix(rows, draft_offers, longest, np.broadcast_to(best, (draft_offers.size, best.size)))
         return bool(optimistic.takes_lookup.any())
 
     def observe_lookups(self, rows: int, seconds: float, mix: Mix) -> None:

@@ -165,7 +165,7 @@ class HybridProposer:
 
     def __init__(self, draft: DraftModelProposer, model_free: ModelFreeProposer, policy: SpeculationPolicy) -> None:
         self.draft, self.model_free, self.policy = draft, model_free, policy
-        self.max_k = draft.max_k
+        self.max_k = model_free.max_k  # K: a looked-up row may verify deeper than the draft model goes
         self._sources = np.zeros(0, np.int64)  # [rows], the last offer's
         self._steps_without_lookups = 0
         self._lookups_taken = False  # whether the plan of the last step that looked up took any lookup
@@ -175,9 +175,9 @@ class HybridProposer:
         self.model_free.admit(batch, admission, stats)
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
-        full = self.draft.offer(batch, live, limits).lengths[live]  # [live] as long as each row may take
+        full = self.draft.offer(batch, live, limits).lengths[live]  # [live] as deep as the draft model goes
         nothing = np.zeros_like(full)
-        if self._looks_up(batch.rows, full):
+        if self._looks_up(batch.rows, full, np.minimum(limits[live], self.max_k)):
             started = time.perf_counter()
             looked_up = self.model_free.offer(batch, live, limits)
             seconds = time.perf_counter() - started
@@ -198,13 +198,16 @@ class HybridProposer:
         self._sources = sources
         return Offer(lengths, sources)
 
-    def _looks_up(self, rows: int, full: np.ndarray) -> bool:
-        """Whether this step looks its rows up: where lookups have paid for their time lately or a re-check
-        is due, and a lookup could be taken at all. That last check is made only after a step whose plan
-        took no lookup: where lookups are taken step after step (one row, on a grounded or templated job)
-        it cost as much as the lookups it would have saved (`benchmarks/step_costs.py`, offers ms)."""
+    def _looks_up(self, rows: int, full: np.ndarray, longest: np.ndarray) -> bool:
+        """Whether this step looks its rows up (the draft model offering `full` [live] tokens, a lookup at
+        most `longest` [live]): where lookups have paid for their time lately or a re-check is due, and a
+        lookup could be taken at all. That last check is made only after a step whose plan took no lookup:
+        where lookups are taken step after step (one row, on a grounded or templated job) it cost as much
+        as the lookups it would have saved (`benchmarks/step_costs.py`, offers ms)."""
         due = self.policy.lookups_pay(rows) or self._steps_without_lookups + 1 >= _RECHECK_LOOKUPS
-        return due and (self._lookups_taken or self.policy.could_take_a_lookup(rows, full, self.model_free.sources))
+        return due and (
+            self._lookups_taken or self.policy.could_take_a_lookup(rows, full, longest, self.model_free.sources)
+        )
 
     def propose(
         self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats

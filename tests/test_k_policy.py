@@ -168,6 +168,26 @@ def test_k_defaults_to_more_for_a_model_free_proposer_and_an_explicit_k_wins():
     assert DecodingConfig(model_free="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
 
 
+def test_a_hybrids_draft_model_goes_as_deep_as_alone_unless_k_is_given():
+    from specq.decoding.config import DecodingConfig
+
+    depths = [
+        (c.num_speculative_tokens, c.draft_model_depth)
+        for c in (
+            DecodingConfig(),
+            DecodingConfig(model_free="suffix"),
+            DecodingConfig(model_free="suffix", num_speculative_tokens=6),
+            DecodingConfig(model_free="suffix", num_speculative_tokens=2),
+            DecodingConfig(num_speculative_tokens=6),
+        )
+    ]
+    assert depths == [(4, 4), (8, 4), (6, 6), (2, 2), (6, 6)]
+    stored = DecodingConfig(model_free="suffix").to_dict()
+    assert DecodingConfig(**stored) == DecodingConfig(model_free="suffix")  # a job's stored config round-trips
+    with pytest.raises(ValueError, match="draft_model_depth"):
+        DecodingConfig(num_speculative_tokens=4, draft_model_depth=5)
+
+
 def test_after_choosing_no_speculation_it_rests_without_offers_until_the_next_probe():
     # compute-bound: k = 0 wins, and until a probe is due the engine is told to make no offers
     policy = SpeculationPolicy(4, fixed=False, probe_interval=16)

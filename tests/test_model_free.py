@@ -337,14 +337,17 @@ def test_the_hybrid_drops_the_draft_model_where_looked_up_proposals_alone_pay_mo
     assert bool(mix.takes_lookup[0]) is alone
 
 
-def _compute_bound_policy(rows: int, acceptance: dict[int, float], t_draft: float = 0.001) -> SpeculationPolicy:
-    """A policy that measured steps of `rows` rows whose target costs 10 ms plus 4 ms a verified
-    token past the first (compute-bound, as this CPU at 16 rows), `t_draft` a draft forward, and each
-    proposer's draft tokens accepted with probability `acceptance[source]` each, given the one before."""
+def _compute_bound_policy(
+    rows: int, acceptance: dict[int, float], t_draft: float = 0.001, t_token: float = 0.004
+) -> SpeculationPolicy:
+    """A policy that measured steps of `rows` rows whose target costs 10 ms plus `t_token` a verified
+    token past the first (by default compute-bound, as this CPU at 16 rows), `t_draft` a draft forward,
+    and each proposer's draft tokens accepted with probability `acceptance[source]` each, given the one
+    before."""
     policy = SpeculationPolicy(8, fixed=False, probe_interval=1000)
     for k in range(9):
         for _ in range(3):
-            t_target = 0.010 + 0.004 * k
+            t_target = 0.010 + t_token * k
             policy.observe_step(rows, k, k * t_draft, t_target, t_target + k * t_draft)
     quantiles = (np.arange(1000) + 0.5) / 1000
     for source, rate in acceptance.items():
@@ -460,6 +463,44 @@ def test_the_hybrid_checks_whether_a_lookup_could_be_taken_only_after_a_step_tha
     for _ in range(5):
         assert (missing.offer(batch, live, limits).sources == DRAFT_MODEL).all()  # type: ignore[arg-type]
     assert len(checks) == 1 + 5  # no lookup taken: every step checks first
+
+
+def test_whether_a_lookup_could_be_taken_is_judged_at_the_length_a_lookup_may_reach():
+    # the draft model goes 4 deep (its default depth in a hybrid of K = 8) at 80%, cheaply; a lookup at
+    # 75% loses to it at 4 tokens but wins at 8 on a verify whose width costs nothing (a GPU's)
+    policy = _compute_bound_policy(1, {DRAFT_MODEL: 0.8, NGRAM: 0.75}, t_draft=0.0001, t_token=0.0)
+    four, eight = np.array([4]), np.array([8])
+    assert policy.could_take_a_lookup(1, four, eight, (NGRAM,))
+    assert not policy.could_take_a_lookup(1, four, four, (NGRAM,))
+    drafted = _Offers(Offer(four, np.array([DRAFT_MODEL])))
+    looked_up = _Offers(Offer(eight, np.array([NGRAM])), (NGRAM,))
+    looked_up.max_k = 8
+    offer = _hybrid(drafted, looked_up, policy).offer(SimpleNamespace(rows=1), np.arange(1), eight)  # type: ignore[arg-type]
+    assert looked_up.asked and offer.sources.tolist() == [NGRAM] and offer.lengths.tolist() == [8]
+
+
+def test_a_hybrid_of_the_default_k_drafts_4_deep_and_verifies_lookups_8_deep(target, draft, monkeypatch):
+    monkeypatch.setattr(SpeculationPolicy, "lookups_pay", lambda self, rows: True)
+    prompts = _repetitive_prompts()
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=24, temperature=0.0)) for i, p in enumerate(prompts)
+    ]
+    engine = SpeculativeEngine(
+        target, IdTokenizer(), draft, DecodingConfig(model_free="suffix", batch_size=4, fixed_k=True, strict=True)
+    )
+    depths = []
+    propose = engine.proposer.draft.propose  # type: ignore[union-attr]
+
+    def recorded(batch, k, num_draft_h, stats):
+        depths.append(k)
+        return propose(batch, k, num_draft_h, stats)
+
+    engine.proposer.draft.propose = recorded  # type: ignore[union-attr]
+    results = {r.key: r.token_ids for r in engine.generate(requests)}
+    for i, prompt in enumerate(prompts):
+        assert results[i] == reference_greedy(target, prompt, 24), f"prompt {i}"
+    assert depths and max(depths) == 4
+    assert engine.stats.accepted_per_position[4] > 0  # looked-up rows verified past the draft model's depth
 
 
 def test_the_hybrid_skips_lookups_only_where_neither_plan_would_have_taken_one():
