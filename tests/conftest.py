@@ -10,6 +10,7 @@ subprocesses. Nothing is mocked. The helpers tests call themselves are in tests/
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -105,6 +106,18 @@ def tiny_pair(tmp_path_factory):
     from tests.tiny_models import save_tiny_pair
 
     return save_tiny_pair(tmp_path_factory.mktemp("tiny_pair"))
+
+
+@pytest.fixture
+def decoy_folder(tmp_path) -> Path:
+    """A user's project folder whose generic module names would shadow specq's if it ever imported them."""
+    folder = tmp_path / "project"
+    for package in ("cli", "db", "jobs", "worker"):
+        (folder / package).mkdir(parents=True)
+        (folder / package / "__init__.py").write_text(f"raise ImportError('decoy {package} imported')\n")
+    for module in ("models", "decoding"):
+        (folder / f"{module}.py").write_text(f"raise ImportError('decoy {module} imported')\n")
+    return folder
 
 
 @pytest.fixture

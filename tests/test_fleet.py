@@ -11,6 +11,10 @@ One autoscaler (min 0, max 2, cooldown 2 s, interval 0.5 s, 8 requests per worke
 4. another job arrives, workers start, and the autoscaler gets SIGTERM mid-job: it exits 0, no worker
    process is left, each worker finished its batch in hand and gave the rest of its chunk back to the
    queue (no request stays leased; every chunk holding a queued request has its message in Redis).
+
+It runs from a user's folder holding decoy `cli/`, `db/`, `jobs/`, `worker/`, `models.py` and `decoding.py`
+that raise on import (tests/conftest.py `decoy_folder`), on PYTHONPATH too: neither the autoscaler nor
+any worker it starts imports them (tests/test_packaging.py checks the other commands).
 """
 
 from __future__ import annotations
@@ -41,16 +45,19 @@ from tests.services import (
 POISON = "POISON_PILL"
 
 
+SPECQ = Path(sys.executable).parent / "specq"  # the console script pip installed
+
+
 class Autoscaler:
-    def __init__(self, env: dict, log_dir: Path, log_path: Path) -> None:
+    def __init__(self, env: dict, log_dir: Path, log_path: Path, cwd: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         args = [
-            *(sys.executable, "-c", "from specq.cli.main import main; main()", "autoscale"),
+            *(str(SPECQ), "autoscale"),
             *("--min", "0", "--max", "2", "--devices", "cpu", "--cooldown", "2", "--interval", "0.5"),
             *("--backlog-per-worker", "8", "--grace", "60", "--log-dir", str(log_dir)),
         ]
-        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=self._log)
+        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=self._log)
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -79,9 +86,12 @@ class Autoscaler:
         return self.proc.returncode
 
 
-def test_autoscale_zero_to_n_to_zero_crash_loop_and_sigterm(pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
-    env = services_env(pg_db_url, redis_url, tmp_path / "home", SPECQ_FAULT_CRASH_PROMPT=POISON, **DRILL_ENV)
-    scaler = Autoscaler(env, tmp_path / "workers", tmp_path / "autoscale.log")
+def test_autoscale_zero_to_n_to_zero_crash_loop_and_sigterm(
+    pg_db_url, redis_url, tiny_pair, tmp_path, decoy_folder
+) -> None:
+    extra = {"SPECQ_FAULT_CRASH_PROMPT": POISON, "PYTHONPATH": str(decoy_folder), **DRILL_ENV}
+    env = services_env(pg_db_url, redis_url, tmp_path / "home", **extra)
+    scaler = Autoscaler(env, tmp_path / "workers", tmp_path / "autoscale.log", decoy_folder)
     try:
         # 1. idle: nothing runs
         wait_for(lambda: (0, 0) in scaler.decisions(), 60, "an idle decision")
@@ -126,6 +136,8 @@ def test_autoscale_zero_to_n_to_zero_crash_loop_and_sigterm(pg_db_url, redis_url
         scaler.stop()
     assert not any(map(pid_alive, scaler.pids())), scaler.output()
     assert "all workers stopped" in scaler.output()
+    worker_logs = "".join(p.read_text() for p in (tmp_path / "workers").glob("*.log"))
+    assert "decoy" not in scaler.output() + worker_logs
     with db.session() as session:
         states = request_states(session, job_id)
         assert "running" not in states, states  # nothing left leased to a stopped worker
