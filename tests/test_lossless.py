@@ -71,10 +71,13 @@ def _sampled_joint(
     model_free: ModelFree | None = None,
     prompt: tuple[int, ...] = PROMPT,
     static_shapes: bool = False,
+    max_tokens: int = 3,
 ) -> torch.Tensor:
-    """`model_free`: that proposer (decoding/model_free.py), alone or beside `draft`; `static_shapes`: the
+    """Counts of the first three tokens of SAMPLES sampled completions of `max_tokens` tokens (more than 3:
+    the first speculative step, after the prefill's token, may verify more than one draft token).
+    `model_free`: that proposer (decoding/model_free.py), alone or beside `draft`; `static_shapes`: the
     padded path CUDA graphs decode on (decoding/static_shapes.py)."""
-    params = SamplingParams(max_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
     requests = [GenerationRequest(i, prompt, replace(params, seed=i)) for i in range(SAMPLES)]
     # EOS off: the tiny vocabulary must not end sequences early
     engine = SpeculativeEngine(
@@ -95,7 +98,7 @@ def _sampled_joint(
         engine = with_proposer(engine, RepeatLastToken(2, vocab))
     counts = torch.zeros(vocab, vocab, vocab)
     for result in engine.generate(requests):
-        counts[tuple(result.token_ids)] += 1
+        counts[tuple(result.token_ids[:3])] += 1
     if draft is not None or point_mass or model_free:  # the proposals were both accepted and rejected
         assert engine.stats.num_draft_tokens > 0 and 0 < engine.stats.acceptance_rate < 0.95
     return counts

@@ -20,7 +20,7 @@ import torch
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding import engine as decoding_engine
 from specq.decoding import sampling as decoding_sampling
-from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.k_policy import Mix, SpeculationPolicy
 from specq.decoding.model_free import HybridProposer, point_mass_probs
 from specq.decoding.prompt_lookup import RowLookup
 from specq.decoding.proposer import Offer
@@ -286,6 +286,29 @@ def test_sampled_tokens_follow_the_target(lossless_models, sampling, model_free,
     sampled = _sampled_joint(
         target, draft if with_draft else None, 1.0, sampling=sampling, model_free=model_free, prompt=REPEATING
     )
+    assert _pvalue(sampled, _exact_joint(target, 1.0, prompt=REPEATING)) > 1e-3
+
+
+def test_sampled_tokens_follow_the_target_where_draft_rows_stop_short_of_looked_up_ones(lossless_models, monkeypatch):
+    # A plan forced on every step: rows with a lookup verify it 2 deep, the others the draft model's one
+    # token, so a step's draft_probs are one-hot rows beside draft-model rows padded past their depth. The
+    # policy would rarely choose it here (these lookups are mostly rejected); exactness may not depend on it.
+    target, draft = lossless_models
+    monkeypatch.setattr(SpeculationPolicy, "lookups_pay", lambda self, rows: True)
+    monkeypatch.setattr(SpeculationPolicy, "could_take_a_lookup", lambda self, *args: True)
+    monkeypatch.setattr(
+        SpeculationPolicy, "best_mix", lambda self, rows, drafted, looked_up, sources: Mix(2, 1, looked_up > 1, 0, 0, 0)
+    )
+    mixed_steps = []
+    propose = HybridProposer.propose
+
+    def recorded(self, batch, k, num_draft_h, stats):
+        mixed_steps.append({1, 2} <= set(num_draft_h.tolist()))
+        return propose(self, batch, k, num_draft_h, stats)
+
+    monkeypatch.setattr(HybridProposer, "propose", recorded)
+    sampled = _sampled_joint(target, draft, 1.0, sampling="exact", model_free="suffix", prompt=REPEATING, max_tokens=4)
+    assert any(mixed_steps)
     assert _pvalue(sampled, _exact_joint(target, 1.0, prompt=REPEATING)) > 1e-3
 
 
