@@ -47,8 +47,8 @@ class TracingPolicy(SpeculationPolicy):
         return k
 
     def observe_acceptance(self, num_accepted, num_draft, sources=None):
-        # the engine reports a step's acceptance after its times: this is the last step's
-        self.steps_seen[-1]["realised"] = float(num_accepted.mean()) + 1.0
+        # the engine reports a step's acceptance before its times
+        self._pending["realised"] = float(num_accepted.mean()) + 1.0
         super().observe_acceptance(num_accepted, num_draft, sources)
 
     def observe_step(self, rows, k, t_draft, t_target, t_total, **kwargs):

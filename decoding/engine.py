@@ -337,7 +337,7 @@ class SpeculativeEngine:
         emitting[rows_t] = 1
         self._record_logprobs(batch, logits, output_token_ids)
         report = self._advance(batch, rows, emitting, output_token_ids, None, np.zeros(batch.rows, np.int64))
-        return list(self._finish(batch, rows, 0, report))
+        return list(self._finish(batch, rows, report))
 
     # -- one step: propose, verify, accept, advance, finish -----------------------------------------
     def _step(self, batch: BatchState) -> Iterator[GenerationResult]:
@@ -359,6 +359,8 @@ class SpeculativeEngine:
         output_token_ids, num_accepted = self._accept(batch, draft_token_ids, draft_probs, target_logits, num_draft)
         self._record_logprobs(batch, target_logits, output_token_ids)
         report = self._advance(batch, live, batch.active, output_token_ids, num_accepted, num_draft_h)
+        if k:  # part of the step's time: the policy weighs what speculating costs on the host too
+            self._count_drafts(batch, live, report, sources_h)
         watch.mark()
         t_offer, t_draft, t_target, t_rest = watch.seconds()
         t_draft = max(t_draft - prefilled_s, 0.0)
@@ -372,7 +374,7 @@ class SpeculativeEngine:
             )
         self._record(batch.rows, k, t_draft, t_target, t_step)
         self.stats.num_steps += 1
-        yield from self._finish(batch, live, k, report, sources_h)
+        yield from self._finish(batch, live, report)
 
     def _plain(self, batch: BatchState) -> tuple[int, np.ndarray, np.ndarray]:
         """A step without speculation: no proposer, or a resting policy (k_policy.py), which is told."""
@@ -568,29 +570,31 @@ class SpeculativeEngine:
     def _token_text(self, token_id: int) -> str:
         return decode(self.tokenizer, [token_id])
 
-    def _finish(
-        self, batch: BatchState, live: np.ndarray, k: int, report: _StepReport, sources: np.ndarray | None = None
-    ) -> Iterator[GenerationResult]:
-        """Book the step's tokens and counters for rows `live`; yield the results of those that ended."""
-        kept, finish, accepted, drafted = report.kept, report.finish, report.accepted, report.drafted
+    def _count_drafts(self, batch: BatchState, live: np.ndarray, report: _StepReport, sources: np.ndarray) -> None:
+        """Book a speculative step's draft tokens and acceptance for rows `live`, by proposer (`sources`
+        [rows]), with the policy and the stats."""
+        accepted, drafted, live_sources = report.accepted[live], report.drafted[live], sources[live]
+        batch.draft_tokens_h[live] += drafted
+        batch.accepted_h[live] += accepted
+        self.policy.observe_acceptance(accepted, drafted, live_sources)
+        self.stats.count_drafts(live_sources, drafted, accepted)
+        self.stats.num_drafts += int((drafted > 0).sum())
+        self.stats.num_draft_tokens += int(drafted.sum())
+        self.stats.num_accepted_tokens += int(accepted.sum())
+        # accepted_per_position[i] counts the rows that accepted more than i tokens
+        at_least = np.bincount(accepted, minlength=self.max_k + 1)[::-1].cumsum()[::-1]  # [K + 1]
+        for i, count in enumerate(at_least[1 : self.max_k + 1].tolist()):
+            self.stats.accepted_per_position[i] += count
+
+    def _finish(self, batch: BatchState, live: np.ndarray, report: _StepReport) -> Iterator[GenerationResult]:
+        """Book the step's tokens for rows `live`; yield the results of those that ended."""
+        kept, finish = report.kept, report.finish
         batch.generated_h += kept  # finished rows keep 0
         now = time.perf_counter()
         for row in live[(batch.generated_h[live] == kept[live]) & (kept[live] > 0)]:  # their first tokens
             first = batch.slots[row]
             assert first is not None
             first.first_token_at = now
-        if k:
-            accepted, drafted = accepted[live], drafted[live]
-            live_sources = np.full(live.size, DRAFT_MODEL) if sources is None else sources[live]
-            batch.draft_tokens_h[live] += drafted
-            batch.accepted_h[live] += accepted
-            self.policy.observe_acceptance(accepted, drafted, live_sources)
-            self.stats.count_drafts(live_sources, drafted, accepted)
-            self.stats.num_drafts += int((drafted > 0).sum())
-            self.stats.num_draft_tokens += int(drafted.sum())
-            self.stats.num_accepted_tokens += int(accepted.sum())
-            for i in range(k):
-                self.stats.accepted_per_position[i] += int((accepted > i).sum())
         finished: dict[int, tuple[str, list[int] | None]] = {}
         # Only rows that ended or watch for stop strings need the host; the rest stay vectorised.
         for row in live[(finish[live] != RUNNING) | batch.has_stops_h[live]]:
