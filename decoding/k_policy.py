@@ -15,10 +15,8 @@ reached (because it chose a small k) is estimated from the others instead of fro
 without that, an early run of small k would keep the deep positions unmeasured and k small for good.
 
 Times are medians of the last few steps of each kind, per batch size (rows): a step slowed by a
-garbage collection or a neighbouring process must not move the choice for dozens of steps. The
-proposer's offers are the exception, a mean: they cost in systematic lumps (a suffix index counts the
-outputs fed since its last proposal), which are what speculating costs, not noise. A step's time
-includes booking its drafts and acceptance, host work that speculating alone pays.
+garbage collection or a neighbouring process must not move the choice for dozens of steps. A step's
+time includes booking its drafts and acceptance, host work that speculating alone pays.
 Unmeasured target widths are interpolated between measured ones; a row count not measured at some
 width borrows the shape of the nearest row count's curve (what width w costs relative to a width it
 measured), so a batch that shrinks row by row at the end of a job needs no new warm-up steps, and the
@@ -81,16 +79,15 @@ _FULL_PROBE_REACH = 0.75
 
 
 class _Timing:
-    """Median seconds of the last `_WINDOW` observations (with `mean`, their mean)."""
+    """Median seconds of the last `_WINDOW` observations."""
 
-    def __init__(self, mean: bool = False) -> None:
+    def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=_WINDOW)
         self.value: float | None = None
-        self._statistic = statistics.fmean if mean else statistics.median
 
     def add(self, seconds: float) -> None:
         self.samples.append(seconds)
-        self.value = self._statistic(self.samples)
+        self.value = statistics.median(self.samples)
 
 
 class _Yield:
@@ -161,10 +158,7 @@ class SpeculationPolicy:
         # speculative step's host work is a few per cent of a compute-bound batch's step, as much as the
         # margin by which a narrow verify pays there
         self.t_overhead: dict[bool, dict[int, _Timing]] = {False: defaultdict(_Timing), True: defaultdict(_Timing)}
-        # rows -> the proposer's offers. A mean: offers cost in systematic lumps (a suffix index counting the
-        # outputs fed since its last proposal, a new row's prompt indexed at its first lookup), which a
-        # median prices at nothing
-        self.t_offer: dict[int, _Timing] = defaultdict(lambda: _Timing(mean=True))
+        self.t_offer: dict[int, _Timing] = defaultdict(_Timing)  # rows -> the proposer's offers
         # rows -> what a hybrid's lookups made of a step, net of their own time, over the draft model alone
         self.lookup_yield: dict[int, _Yield] = defaultdict(_Yield)
         self._positions = max(max_k, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -415,3 +416,21 @@ def test_each_result_records_when_its_first_token_came(target, any_draft, prompt
     assert len(results) == 4
     for result in results.values():
         assert result.first_token_s is not None and 0 < result.first_token_s <= result.latency_s, result
+
+
+def test_a_steps_time_includes_booking_its_drafts(target, draft, prompts, monkeypatch):
+    # the policy weighs speculating by its steps' times, so the host work that speculating alone pays
+    # (booking drafts and acceptance) must be inside them
+    booking = SpeculativeEngine._count_drafts
+
+    def slow_booking(self, *args):
+        time.sleep(0.005)
+        booking(self, *args)
+
+    monkeypatch.setattr(SpeculativeEngine, "_count_drafts", slow_booking)
+    engine = SpeculativeEngine(
+        target, IdTokenizer(), draft, DecodingConfig(num_speculative_tokens=2, fixed_k=True, batch_size=2)
+    )
+    list(engine.generate(_greedy_requests(prompts[:2], max_tokens=12)))
+    speculative_overhead = engine.policy.t_overhead[True][2].value
+    assert speculative_overhead is not None and speculative_overhead >= 0.005
