@@ -6,8 +6,8 @@ cannot hijack.
 - The parts import one way (ALLOWED below) and no module imports itself back through others, so opening
   the database cannot run a migration behind a read-only command's back; none imports `tests`, which
   only the benchmarks in benchmarks/ may use.
-- Every command, and every worker `specq autoscale` starts, works from a folder holding decoy `cli/`,
-  `db/`, `jobs/`, `worker/`, `models.py` and `decoding.py` that raise on import.
+- Every command works from a folder holding decoy `cli/`, `db/`, `jobs/`, `worker/`, `models.py` and
+  `decoding.py` that raise on import (the workers `specq autoscale` starts: tests/test_fleet.py).
 """
 
 from __future__ import annotations
