@@ -1,5 +1,7 @@
 """Eager against compiled forwards (`--compile`), side by side in one run: each model's whole forward
-at batch 1, and the engine end to end with the draft at batch 1 and 16, interleaved rounds, medians.
+of a 64-token prompt and its decode step of one token over a 64-token cache at batch 1, both through
+the engine's own forward (decoding/hf_model.py's RaggedLM), and the engine end to end with the draft
+at batch 1 and 16; interleaved rounds, medians.
 
     python benchmarks/compiled_forwards.py [--backend inductor] [--rounds 3] [--prompts 16] [--static-shapes]
 
@@ -32,9 +34,11 @@ def main() -> None:
 
     import torch
 
+    from specq.bench.roofline import decode_forward_seconds
     from specq.bench.runner import prompt_token_ids
     from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
     from specq.decoding.compiled import compile_model
+    from specq.decoding.hf_model import RaggedLM
     from specq.models.demo import build_demo_models
     from specq.models.loading import load_pair
 
@@ -51,11 +55,14 @@ def main() -> None:
     requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(prompts)]
 
     def forward_s(model) -> float:
+        """A whole forward of one 64-token prompt, every position's logits, as the engine runs a prefill."""
+        lm = RaggedLM(model)
         ids = torch.tensor([prompts[0][:64]])
-        with torch.no_grad():
+        cache = lm.new_cache(rows=1, capacity=ids.shape[1])
+        with torch.inference_mode():
             started = time.perf_counter()
             for _ in range(5):
-                model(input_ids=ids)
+                lm.prefill(cache, torch.zeros(1, dtype=torch.long), ids, lm.vocab_size, keep=ids.shape[1])
         return (time.perf_counter() - started) / 5
 
     def engine_run(models, batch_size: int) -> tuple[float, dict[int, list[int]]]:
@@ -68,28 +75,30 @@ def main() -> None:
         return tokens / (time.perf_counter() - started), out
 
     rows: dict[str, list[float]] = {}
-    for name in ("draft", "target"):  # warm both paths for the no-cache forward too
+    for name in ("draft", "target"):  # warm both paths for the forwards too
         forward_s(eager[name]), forward_s(compiled[name])
     for batch_size in (1, 16):
         engine_run(eager, batch_size), engine_run(compiled, batch_size)
     for _ in range(args.rounds):
         for name in ("draft", "target"):
-            rows.setdefault(f"{name} forward b1 (s)", []).append(forward_s(eager[name]))
-            rows.setdefault(f"{name} forward b1 compiled (s)", []).append(forward_s(compiled[name]))
+            for path, models in (("eager", eager), ("compiled", compiled)):
+                rows.setdefault(f"{name} forward {path}", []).append(forward_s(models[name]))
+                rows.setdefault(f"{name} step {path}", []).append(decode_forward_seconds(models[name]))
         for batch_size in (1, 16):
             rate, reference = engine_run(eager, batch_size)
             rate_c, out = engine_run(compiled, batch_size)
             assert out == reference, "compiled output differs from eager"
-            rows.setdefault(f"e2e b{batch_size} tok/s", []).append(rate)
-            rows.setdefault(f"e2e b{batch_size} compiled tok/s", []).append(rate_c)
+            rows.setdefault(f"e2e b{batch_size} eager", []).append(rate)
+            rows.setdefault(f"e2e b{batch_size} compiled", []).append(rate_c)
     medians = {key: statistics.median(values) for key, values in rows.items()}
     print("| measure | eager | compiled | compiled / eager speed |")
     print("| --- | --- | --- | --- |")
     for name in ("draft", "target"):
-        e, c = medians[f"{name} forward b1 (s)"], medians[f"{name} forward b1 compiled (s)"]
-        print(f"| {name} forward, batch 1, 64 tokens | {e * 1e3:.2f} ms | {c * 1e3:.2f} ms | {e / c:.2f}x |")
+        for what, label in (("forward", "forward, batch 1, 64 tokens"), ("step", "decode step, batch 1, 1 token")):
+            e, c = medians[f"{name} {what} eager"], medians[f"{name} {what} compiled"]
+            print(f"| {name} {label} | {e * 1e3:.3f} ms | {c * 1e3:.3f} ms | {e / c:.2f}x |")
     for batch_size in (1, 16):
-        e, c = medians[f"e2e b{batch_size} tok/s"], medians[f"e2e b{batch_size} compiled tok/s"]
+        e, c = medians[f"e2e b{batch_size} eager"], medians[f"e2e b{batch_size} compiled"]
         print(f"| engine with draft, batch {batch_size} | {e:.1f} tok/s | {c:.1f} tok/s | {c / e:.2f}x |")
 
 

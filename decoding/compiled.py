@@ -3,13 +3,14 @@ against its eager forward before it is trusted.
 
 An eager decode step of a small model is mostly Python and operator dispatch (on a GPU, kernel
 launches), not arithmetic: gpt-fast and vLLM decode through compiled graphs for that reason. Here the
-whole Hugging Face forward is compiled with torch's automatic dynamic shapes: a graph is specialised
-to the shapes it first sees, and a dimension turns symbolic once it has varied (the rows as a batch
-drains, the k + 1 tokens a step verifies, the columns attention reads), so the engine's ragged batches
-reuse a few graphs instead of compiling one per shape, while a dimension that never varies (the one
-row of a batch-1 job) keeps static kernels. On the 2-core CPU that made a decode step 2-10% faster
-than compiling every dimension dynamic (`python benchmarks/compile_shapes.py`, docs/benchmarks.md).
-The per-row cache (decoding/kv_cache.py) and its rollback are unchanged.
+whole forward is compiled, from the cache columns of a step's tokens to its logits (the attention masks
+and position ids too: decoding/hf_model.py's `ColumnsForward`), with torch's automatic dynamic shapes:
+a graph is specialised to the shapes it first sees, and a dimension turns symbolic once it has varied
+(the rows as a batch drains, the k + 1 tokens a step verifies, the columns attention reads), so the
+engine's ragged batches reuse a few graphs instead of compiling one per shape, while a dimension that
+never varies (the one row of a batch-1 job) keeps static kernels. On the 2-core CPU that made a decode
+step 2-10% faster than compiling every dimension dynamic (`python benchmarks/compile_shapes.py`,
+docs/benchmarks.md). The per-row cache (decoding/kv_cache.py) and its rollback are unchanged.
 
 On CUDA (inductor) the forward is compiled with CUDA graphs too (`mode="reduce-overhead"`): an eager
 step there is launch-bound, and a graph replays the whole forward in one launch. A graph is recorded
@@ -49,7 +50,7 @@ from typing import Any, Literal
 import torch
 
 from specq.decoding.compile_speedups import record_speedup, recorded_speedup, speedup_key
-from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer
+from specq.decoding.hf_model import CausalLM, ColumnsForward, RaggedLM, Tokenizer
 from specq.decoding.static_shapes import is_cuda_graphed, mark_cuda_graphed
 from specq.decoding.types import GenerationRequest, SamplingParams
 from specq.errors import ModelCompileError
@@ -113,7 +114,9 @@ def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = 
     speedup = 0.0
     try:
         cuda_graphs = device.type == "cuda" and backend == "inductor" and _cuda_graphs_wanted()
-        compiled = torch.compile(model, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
+        # the forward from cache columns: its masks and position ids are built inside the graph
+        forward = ColumnsForward(model)
+        compiled = torch.compile(forward, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
         if cuda_graphs:
             mark_cuda_graphed(compiled)  # before its first forward: every cache it sees must be static
             _allow_a_graph_per_static_shape()

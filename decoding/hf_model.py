@@ -56,6 +56,100 @@ def decode(tokenizer: Tokenizer, token_ids: list[int]) -> str:
     return tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+class ColumnsForward(torch.nn.Module):
+    """A causal LM's forward from the cache columns its tokens are written to: the 4D attention masks
+    and the position ids are built here from `columns`, so that a compiled forward (decoding/compiled.py
+    compiles this module) builds them inside its graph. Eagerly they are a dozen small operations a
+    step, a tenth of a compiled draft model's step on the 2-core CPU.
+
+    The model's own attributes (`config`, `generate`, ...) are read through it, so a compiled one stands
+    in for the model wherever the model is asked for."""
+
+    def __init__(self, model: CausalLM) -> None:
+        super().__init__()
+        self.model = model
+        text_config = model.config.get_text_config()
+        self.max_context = int(getattr(text_config, "max_position_embeddings", None) or 2**31)
+        self.keeps_logits = _accepts(model, "logits_to_keep")  # can compute chosen positions' logits alone
+        # transformers renamed `past_key_values` to `cache` during 5.x.
+        self.cache_kwarg = "cache" if _accepts(model, "cache") else "past_key_values"
+        # SDPA and flex take a boolean mask; the eager path adds the mask to the scores.
+        self._additive_mask_dtype = (
+            next(model.parameters()).dtype if getattr(model.config, "_attn_implementation", "sdpa") == "eager" else None
+        )
+        self.layer_types = attention_types(model)  # [num_layers]
+        self._sliding_window = int(getattr(text_config, "sliding_window", None) or 0)
+        self._chunk_size = int(getattr(text_config, "attention_chunk_size", None) or 0)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor,
+        kv_length: int,
+        cache: RaggedKVCache,
+        keep: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """Logits of `input_ids` [rows, T] written at `columns` [rows, T] of `cache`, whose attention reads
+        its first `kv_length` columns; with `keep`, of those positions alone where the model can."""
+        kwargs: dict[str, Any] = {self.cache_kwarg: cache, "use_cache": True}
+        if keep is not None and self.keeps_logits:
+            kwargs["logits_to_keep"] = keep
+        # Padding past a row's context gets a clamped position; its outputs are never used.
+        positions = columns if kv_length <= self.max_context else columns.clamp(max=self.max_context - 1)
+        masks = self._attention_masks(columns, kv_length)
+        mask = masks if len(masks) > 1 else next(iter(masks.values()))
+        return self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or name == "model":
+                raise
+            return getattr(self.model, name)
+
+    def _attention_masks(self, columns: torch.Tensor, kv_length: int) -> dict[str, torch.Tensor]:
+        """One 4D mask [rows, 1, T, kv_length] per attention type of the model's layers, for queries at
+        `columns` [rows, T] over the first `kv_length` columns of each row."""
+        query = columns.unsqueeze(-1)  # [rows, T, 1]
+        key = torch.arange(kv_length, device=columns.device)  # [kv_length]
+        causal = key <= query  # [rows, T, kv_length]
+        masks: dict[str, torch.Tensor] = {}
+        for layer_type in dict.fromkeys(self.layer_types):
+            allowed = causal
+            if layer_type == "sliding_attention":
+                allowed = causal & (key > query - self._sliding_window)
+            elif layer_type == "chunked_attention":
+                allowed = causal & (key // self._chunk_size == query // self._chunk_size)
+            masks[layer_type] = self._attention_mask(allowed.unsqueeze(1))
+        return masks
+
+    def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        dtype = self._additive_mask_dtype
+        if dtype is None:
+            return allowed
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min
+        )
+
+
+def columns_forward(model: CausalLM) -> Any:
+    """`model` driven by cache columns: itself when it is a `ColumnsForward`, compiled or not (what
+    decoding/compiled.py makes), else one around it."""
+    return model if isinstance(getattr(model, "_orig_mod", model), ColumnsForward) else ColumnsForward(model)
+
+
+def eager_forward(model: CausalLM) -> ColumnsForward:
+    """The uncompiled `ColumnsForward` of `model`, compiled or not."""
+    module = getattr(model, "_orig_mod", model)
+    return module if isinstance(module, ColumnsForward) else ColumnsForward(module)
+
+
+def eager_model(model: CausalLM) -> Any:
+    """The Hugging Face model itself, under any compile and `ColumnsForward`."""
+    return eager_forward(model).model
+
+
 class RaggedLM:
     """One causal LM driven through a `RaggedKVCache`; logits come back padded to a shared vocabulary.
 
@@ -66,26 +160,19 @@ class RaggedLM:
         self.model = model
         self.cuda_graphed = is_cuda_graphed(model)
         self.static = static or self.cuda_graphed
+        self._forward = columns_forward(model)
+        eager = eager_forward(model) if hasattr(model, "_orig_mod") else self._forward
         # a compiled model's own module: a prompt of each length would otherwise be a graph of its own
-        self._prefill_model: CausalLM = getattr(model, "_orig_mod", model) if self.static else model
+        self._prefill_forward = eager if self.static else self._forward
         # a prefill after a held head (admission, not the decode loop) would be graphs of its own, one for
         # each count of rows and of logits kept: it runs eagerly
-        self._extend_model: CausalLM = getattr(model, "_orig_mod", model)
+        self._extend_forward = eager
         self.device = next(model.parameters()).device
         text_config = model.config.get_text_config()
         self.num_layers: int = text_config.num_hidden_layers
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
-        self.max_context = int(getattr(text_config, "max_position_embeddings", None) or 2**31)
-        self.keeps_logits = _accepts(model, "logits_to_keep")  # can compute chosen positions' logits alone
-        # transformers renamed `past_key_values` to `cache` during 5.x.
-        self._cache_kwarg = "cache" if _accepts(model, "cache") else "past_key_values"
-        # SDPA and flex take a boolean mask; the eager path adds the mask to the scores.
-        self._additive_mask_dtype = (
-            next(model.parameters()).dtype if getattr(model.config, "_attn_implementation", "sdpa") == "eager" else None
-        )
-        self.layer_types = attention_types(model)  # [num_layers]
-        self._sliding_window = int(getattr(text_config, "sliding_window", None) or 0)
-        self._chunk_size = int(getattr(text_config, "attention_chunk_size", None) or 0)
+        self.max_context: int = eager.max_context
+        self.keeps_logits: bool = eager.keeps_logits
 
     def new_cache(self, rows: int, capacity: int) -> RaggedKVCache:
         return RaggedKVCache(self.num_layers, rows, capacity, static=self.static)
@@ -118,8 +205,8 @@ class RaggedLM:
                 max=cache.capacity - 1
             )  # [n, T]
             cache.plan_extend(rows, columns, min(int(starts.max()) + width, cache.capacity))
-            return self._run(self._extend_model, cache, input_ids, columns, vocab_size, keep)
-        return self._run(self._prefill_model, cache, input_ids, columns, vocab_size, keep)
+            return self._run(self._extend_forward, cache, input_ids, columns, vocab_size, keep)
+        return self._run(self._prefill_forward, cache, input_ids, columns, vocab_size, keep)
 
     def step(
         self, cache: RaggedKVCache, input_ids: torch.Tensor, columns: torch.Tensor, kv_length: int, vocab_size: int
@@ -127,60 +214,28 @@ class RaggedLM:
         """Logits [rows, T, vocab_size] for `input_ids` [rows, T] written at `columns` [rows, T] of each row;
         attention reads the first `kv_length` columns (with static shapes: all of them)."""
         cache.plan_step(columns, cache.capacity if self.static else kv_length)
-        return self._run(self.model, cache, input_ids, columns, vocab_size, None)
+        return self._run(self._forward, cache, input_ids, columns, vocab_size, None)
 
     def _run(
         self,
-        model: CausalLM,
+        forward: Any,
         cache: RaggedKVCache,
         input_ids: torch.Tensor,
         columns: torch.Tensor,
         vocab_size: int,
         keep: torch.Tensor | int | None,
     ) -> torch.Tensor:
-        kv_length = cache.plan.kv_length
-        kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
-        if keep is not None and self.keeps_logits:
-            kwargs["logits_to_keep"] = keep
-        # Padding past a row's context gets a clamped position; its outputs are never used.
-        positions = columns if kv_length <= self.max_context else columns.clamp(max=self.max_context - 1)
-        masks = self._attention_masks(columns, kv_length)
-        mask = masks if len(masks) > 1 else next(iter(masks.values()))
         # in row-major strides: a compiled forward would take another graph for a strided view (a draft's
         # slice), and `contiguous()` keeps a one-row view's strides as they were; copied only then
         if input_ids.stride() != (input_ids.shape[1], 1):
             input_ids = input_ids.clone(memory_format=torch.contiguous_format)
-        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs).logits
-        if self.cuda_graphed and model is self.model:
+        logits = forward(input_ids, columns, cache.plan.kv_length, cache, keep)
+        if self.cuda_graphed and forward is self._forward:
             # a CUDA graph's outputs live in its memory pool, overwritten by its next replay
             logits = logits.clone()
         if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0
             logits = torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits
-
-    def _attention_masks(self, columns: torch.Tensor, kv_length: int) -> dict[str, torch.Tensor]:
-        """One 4D mask [rows, 1, T, kv_length] per attention type of the model's layers, for queries at
-        `columns` [rows, T] over the first `kv_length` columns of each row."""
-        query = columns.unsqueeze(-1)  # [rows, T, 1]
-        key = torch.arange(kv_length, device=columns.device)  # [kv_length]
-        causal = key <= query  # [rows, T, kv_length]
-        masks: dict[str, torch.Tensor] = {}
-        for layer_type in dict.fromkeys(self.layer_types):
-            allowed = causal
-            if layer_type == "sliding_attention":
-                allowed = causal & (key > query - self._sliding_window)
-            elif layer_type == "chunked_attention":
-                allowed = causal & (key // self._chunk_size == query // self._chunk_size)
-            masks[layer_type] = self._attention_mask(allowed.unsqueeze(1))
-        return masks
-
-    def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        dtype = self._additive_mask_dtype
-        if dtype is None:
-            return allowed
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min
-        )
 
 
 def attention_types(model: CausalLM) -> list[str]:
