@@ -1,15 +1,17 @@
-"""How a compiled decode step's time depends on how its shapes are compiled: eager, dynamic shapes (what
-`--compile` does), automatic dynamic shapes (torch's default: a dimension turns symbolic once it has
-varied) and static shapes with the attention window rounded up to a 64-column bucket (the static-shape
-path of issue 13: one graph per rows and width, the key length fixed by the bucket, masks hiding the
-extra columns).
+"""How a compiled decode step's time depends on what is compiled and on how its shapes are: eager; the
+model alone with automatic dynamic shapes (torch's default: a dimension turns symbolic once it has
+varied), its attention masks and position ids built eagerly around it (`--compile` before d878e03);
+the same with the masks and position ids built inside the graph (hf_model.ColumnsForward, what
+`--compile` compiles now); and that on static shapes with the attention window rounded up to a
+64-column bucket (the static-shape path of issue 13: one graph per rows and width, the key length
+fixed by the bucket, masks hiding the extra columns).
 
     python benchmarks/compile_shapes.py [--shapes 1x1,1x5,16x1,16x5] [--rounds 2]
 
 The demo pair, fp32, inductor. For each model and rows x width shape, the step runs through the
 engine's own forward (decoding/hf_model.py) over a 512-column cache, its window cycling through 120-123
 columns as decoding lengthens it. Each variant is warmed up on other windows first, so its compiles are
-paid before timing (printed: dynamic, automatic, static); then medians of 60 passes over the four windows, the least of
+paid before timing (printed: outside, inside, static); then medians of 60 passes over the four windows, the least of
 `--rounds` rounds. Every variant's logits are checked against eager's.
 """
 
@@ -33,7 +35,7 @@ def main() -> None:
     import torch
     import torch._dynamo
 
-    from specq.decoding.hf_model import LAST_ONLY, RaggedLM
+    from specq.decoding.hf_model import LAST_ONLY, ColumnsForward, RaggedLM
     from specq.models.demo import build_demo_models
     from specq.models.loading import load_pair
 
@@ -50,7 +52,7 @@ def main() -> None:
         prompt = torch.randint(0, lm.vocab_size, (rows, 200), generator=generator)
         inputs = torch.randint(0, lm.vocab_size, (rows, width), generator=generator)
         times, logits = [], None
-        with torch.no_grad():
+        with torch.inference_mode():  # as the engine decodes
             RaggedLM(eager).prefill(cache, torch.arange(rows), prompt, lm.vocab_size, keep=LAST_ONLY)
             for _ in range(passes):
                 for window in windows:
@@ -62,14 +64,14 @@ def main() -> None:
         assert logits is not None
         return statistics.median(times) * 1e3, logits
 
-    print("| model | rows x width | eager ms | dynamic ms | automatic ms | static, bucketed ms | compile s |")
+    print("| model | rows x width | eager ms | masks outside ms | masks inside ms | static, bucketed ms | compile s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, model in (("draft", pair.draft), ("target", pair.target)):
         variants = {
             "eager": (model, False),
-            "dynamic": (torch.compile(model, dynamic=True), False),
-            "automatic": (torch.compile(model), False),
-            "static": (torch.compile(model, dynamic=False), True),
+            "outside": (torch.compile(model), False),
+            "inside": (torch.compile(ColumnsForward(model)), False),
+            "static": (torch.compile(ColumnsForward(model), dynamic=False), True),
         }
         for rows, width in shapes:
             compile_s = {}
@@ -85,9 +87,9 @@ def main() -> None:
                 assert gap < 1e-3, f"{name} {variant}: logits differ from eager by {gap}"
                 medians[variant] = min(ms for ms, _ in runs)
             print(
-                f"| {name} | {rows}x{width} | {medians['eager']:.3f} | {medians['dynamic']:.3f} | "
-                f"{medians['automatic']:.3f} | {medians['static']:.3f} | "
-                f"{compile_s['dynamic']:.0f}, {compile_s['automatic']:.0f}, {compile_s['static']:.0f} |",
+                f"| {name} | {rows}x{width} | {medians['eager']:.3f} | {medians['outside']:.3f} | "
+                f"{medians['inside']:.3f} | {medians['static']:.3f} | "
+                f"{compile_s['outside']:.0f}, {compile_s['inside']:.0f}, {compile_s['static']:.0f} |",
                 flush=True,
             )
 
