@@ -67,6 +67,7 @@ def main() -> None:
     print("| model | rows x width | eager ms | masks outside ms | masks inside ms | static, bucketed ms | compile s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, model in (("draft", pair.draft), ("target", pair.target)):
+        assert model is not None  # the demo pair has both
         variants = {
             "eager": (model, False),
             "outside": (torch.compile(model), False),
