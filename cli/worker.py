@@ -101,10 +101,18 @@ def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("name", "device", "state", "last heartbeat", "age", "current batch", box=None)
+    from specq.jobs.status import compile_summary
+
+    table = Table("name", "device", "state", "last heartbeat", "age", "current batch", "compiled", box=None)
     for w in found:
         batch = f"{w['current_batch']} (job {w['current_job']})" if w["current_batch"] else "-"
         table.add_row(
-            w["name"], w["device"], w["state"], (w["last_heartbeat"] or "")[:19], f"{w['heartbeat_age_s']:.0f}s", batch
+            w["name"],
+            w["device"],
+            w["state"],
+            (w["last_heartbeat"] or "")[:19],
+            f"{w['heartbeat_age_s']:.0f}s",
+            batch,
+            compile_summary(w["compiled"]),
         )
     Console(soft_wrap=True).print(table)

@@ -165,3 +165,6 @@ class Worker(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     current_batch: Mapped[int | None] = mapped_column(BigInteger)  # batches.id while busy
     current_job: Mapped[str | None] = mapped_column(String(32))
+    # what `--compile` did with the models the worker loaded last (models.loading.ModelPair.compile_report);
+    # None until it loads models with compile other than off, and before 0006
+    compiled: Mapped[dict[str, Any] | None] = mapped_column(JSONType)

@@ -178,12 +178,31 @@ def job_ended(state: str) -> bool:
     return state in JOB_TERMINAL
 
 
+def compile_summary(report: dict[str, Any] | None) -> str:
+    """One line of a worker's compile report: each model's speedup and seconds, or that it runs eagerly."""
+    if not report:
+        return "-"
+    parts = []
+    for role in ("target", "draft"):
+        model = report.get(role)
+        if model is None:
+            continue
+        if model["compiled"]:
+            parts.append(f"{role} {model['speedup']:.2f}x in {model['seconds']:.0f}s")
+        else:
+            parts.append(f"{role} eager")
+    if any(report[role]["compiled"] for role in ("target", "draft") if role in report):
+        parts.append(f"warm-up {report['warm_up_s']:.0f}s")
+    return ", ".join(parts)
+
+
 def live_workers(db: Database, include_gone: bool = False) -> list[dict[str, Any]]:
     """Workers that are not stopped and whose heartbeat is recent, by device and name.
 
     `include_gone`: also those that stopped, and those whose heartbeat is older than `live_after` (state
     "lost": killed, or cut off from the database; a sweeper requeues their requests). Each has its
-    heartbeat's age in seconds, and its current batch and job while busy.
+    heartbeat's age in seconds, and its current batch and job while busy, and what `--compile` did with
+    the models it loaded last (`ModelPair.compile_report`; None where it never compiled).
     """
     if not schema_ready(db):
         return []  # an empty database: no worker ever started
@@ -212,6 +231,7 @@ def live_workers(db: Database, include_gone: bool = False) -> list[dict[str, Any
                 "host": w.host,
                 "pid": w.pid,
                 "started_at": _iso(w.started_at),
+                "compiled": w.compiled,
             }
         )
     return listed

@@ -130,6 +130,26 @@ class ModelPair:
     compiled: dict[str, CompileOutcome] = field(default_factory=dict)
     warm_up_s: float = 0.0  # decoding a few requests through the compiled models at load (decoding.compiled)
 
+    def compile_report(self) -> dict[str, Any] | None:
+        """What `--compile` did with each model (role -> its name, whether it runs compiled, the seconds
+        it took, the decode-step speedup it measured, why it runs eagerly) and the warm-up decode's
+        seconds, as JSON; None with `off`."""
+        if not self.compiled:
+            return None
+        names = {"target": self.target_name, "draft": self.draft_name}
+        report: dict[str, Any] = {
+            role: {
+                "model": names[role],
+                "compiled": outcome.compiled,
+                "seconds": round(outcome.seconds, 2),
+                "speedup": None if outcome.speedup is None else round(outcome.speedup, 3),
+                "reason": outcome.reason,
+            }
+            for role, outcome in self.compiled.items()
+        }
+        report["warm_up_s"] = round(self.warm_up_s, 2)
+        return report
+
 
 def check_same_vocab(
     target_tokenizer: PreTrainedTokenizerBase,

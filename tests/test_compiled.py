@@ -244,3 +244,36 @@ def test_a_job_carries_its_compile_setting_to_the_worker(pg_db_url, tiny_pair, t
     assert (info["state"], info["failed"]) == ("failed", 1)
     result = invoke(["submit", path, "--target", tiny_pair[0], "--compile", "off", "--wait"], env)
     assert result.exit_code == 0, result.output
+
+
+def test_a_workers_row_keeps_what_compile_did_with_its_models(pg_db_url, redis_url, tiny_pair, tmp_path, start_worker):
+    """A worker stores with its row what `--compile` did with the models it loaded (here `auto` on a CPU
+    with no measurement: both eager, and why), which `specq workers` shows."""
+    import json
+
+    from specq.jobs.status import compile_summary
+    from tests.services import services_env, submit_job, wait_state
+
+    env = services_env(pg_db_url, redis_url, tmp_path / "home")
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def f(x):", "max_tokens": 4}])
+    start_worker(env)
+    assert [w["compiled"] for w in json.loads(invoke(["workers", "--json"], env).stdout)] == [None]  # none loaded
+    job_id = submit_job(env, path, "--target", tiny_pair[0], "--draft", tiny_pair[1])
+    assert wait_state(env, job_id, {"completed", "failed", "cancelled"})["state"] == "completed"
+    (worker,) = json.loads(invoke(["workers", "--json"], env).stdout)
+    eager = {
+        "compiled": False,
+        "seconds": 0.0,
+        "speedup": None,
+        "reason": "--compile auto on cpu: compiled not measured here yet",
+    }
+    assert worker["compiled"] == {
+        "target": {"model": tiny_pair[0], **eager},
+        "draft": {"model": tiny_pair[1], **eager},
+        "warm_up_s": 0.0,
+    }
+    assert "target eager, draft eager" in invoke(["workers"], {**env, "COLUMNS": "200"}).stdout
+    compiled = {"model": "m", "compiled": True, "seconds": 38.04, "speedup": 1.634, "reason": ""}
+    report = {"target": compiled, "draft": {**eager, "model": "d"}, "warm_up_s": 55.5}
+    assert compile_summary(report) == "target 1.63x in 38s, draft eager, warm-up 56s"
+    assert compile_summary(None) == "-"

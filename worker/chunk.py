@@ -204,6 +204,21 @@ def _set_worker(ctx: WorkerContext, state: WorkerState, job_id: str | None, batc
         )
 
 
+def _record_compiled(ctx: WorkerContext, report: dict[str, Any] | None) -> None:
+    """The worker's row keeps what `--compile` did with the models it loaded last (`specq workers`);
+    written when that changes, not every chunk."""
+    if not ctx.config.registered or report == ctx.compiled_recorded:
+        return
+    with ctx.db.session() as session:
+        session.execute(
+            update(Worker)
+            .where(Worker.name == ctx.config.name)
+            .values(compiled=report)
+            .execution_options(synchronize_session=False)
+        )
+    ctx.compiled_recorded = report
+
+
 class _Writer:
     """Buffers results and writes them in small transactions; knows when the job was cancelled."""
 
@@ -391,6 +406,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
         return _Unfinished()
     if ctx.metrics is not None:
         ctx.metrics.set_compiled(writer.model, ctx.config.device, pair.compiled, pair.warm_up_s)
+    _record_compiled(ctx, pair.compile_report())
     ready, failed = _prepare(pair, triage.runnable, job.settings)
     for result in failed:
         writer.add(result)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specq.db.session import Database
 from specq.queue import Chunk, QueueSettings
@@ -86,6 +86,8 @@ class WorkerContext:
         # the task thread's own memory: requests this process marked started and has not finished; when
         # a chunk is retried here (the database went away) they are neither suspects nor counted again
         self.started: set[int] = set()
+        # what the workers-table row says `--compile` did with the models loaded last (worker.chunk)
+        self.compiled_recorded: dict[str, Any] | None = None
 
     def suffix_index(self, job_id: str) -> SuffixIndex:
         """The job's suffix index in this worker, created on first use."""
