@@ -145,11 +145,6 @@ def eager_forward(model: CausalLM) -> ColumnsForward:
     return module if isinstance(module, ColumnsForward) else ColumnsForward(module)
 
 
-def eager_model(model: CausalLM) -> Any:
-    """The Hugging Face model itself, under any compile and `ColumnsForward`."""
-    return eager_forward(model).model
-
-
 class RaggedLM:
     """One causal LM driven through a `RaggedKVCache`; logits come back padded to a shared vocabulary.
 
