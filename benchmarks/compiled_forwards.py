@@ -1,7 +1,9 @@
 """Eager against compiled forwards (`--compile`), side by side in one run: each model's whole forward
 of a 64-token prompt and its decode step of one token over a 64-token cache at batch 1, both through
 the engine's own forward (decoding/hf_model.py's RaggedLM), and the engine end to end with the draft
-at batch 1 and 16; interleaved rounds, medians.
+at batch 1 and 16; interleaved rounds, medians. For the 64-token forward it also times the model's
+linear layers alone on 64 rows: arithmetic that compiling leaves as it is, so what is left of the
+forward beside it is what the compiler could win.
 
     python benchmarks/compiled_forwards.py [--backend inductor] [--rounds 3] [--prompts 16] [--static-shapes]
 
@@ -34,7 +36,7 @@ def main() -> None:
 
     import torch
 
-    from specq.bench.roofline import decode_forward_seconds
+    from specq.bench.roofline import FORWARD_REPEATS, FORWARD_WARMUP, decode_forward_seconds
     from specq.bench.runner import prompt_token_ids
     from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
     from specq.decoding.compiled import compile_model
@@ -55,15 +57,34 @@ def main() -> None:
     requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(prompts)]
 
     def forward_s(model) -> float:
-        """A whole forward of one 64-token prompt, every position's logits, as the engine runs a prefill."""
+        """Median seconds of a whole forward of one 64-token prompt, every position's logits, as the engine
+        runs a prefill: one cache for all of them, after warm-ups (a fresh cache's first write is a graph
+        of its own, decoding/kv_cache.py's lazy initialisation, not the forward's cost)."""
         lm = RaggedLM(model)
         ids = torch.tensor([prompts[0][:64]])
+        rows = torch.zeros(1, dtype=torch.long)
         cache = lm.new_cache(rows=1, capacity=ids.shape[1])
+        seconds = []
         with torch.inference_mode():
-            started = time.perf_counter()
-            for _ in range(5):
-                lm.prefill(cache, torch.zeros(1, dtype=torch.long), ids, lm.vocab_size, keep=ids.shape[1])
-        return (time.perf_counter() - started) / 5
+            for _ in range(FORWARD_WARMUP + FORWARD_REPEATS):
+                started = time.perf_counter()
+                lm.prefill(cache, rows, ids, lm.vocab_size, keep=ids.shape[1])
+                seconds.append(time.perf_counter() - started)
+        return statistics.median(seconds[FORWARD_WARMUP:])
+
+    def matmuls_s(model) -> float:
+        """Median seconds of the forward's linear layers alone, each once on 64 rows: the arithmetic of a
+        64-token forward that compiling leaves as it is (the same GEMMs either way)."""
+        weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        inputs = [torch.randn(64, w.shape[1], dtype=w.dtype) for w in weights]
+        seconds = []
+        with torch.inference_mode():
+            for _ in range(FORWARD_WARMUP + FORWARD_REPEATS):
+                started = time.perf_counter()
+                for x, w in zip(inputs, weights, strict=True):
+                    torch.nn.functional.linear(x, w)
+                seconds.append(time.perf_counter() - started)
+        return statistics.median(seconds[FORWARD_WARMUP:])
 
     def engine_run(models, batch_size: int) -> tuple[float, dict[int, list[int]]]:
         static = args.static_shapes and models is compiled
@@ -84,6 +105,7 @@ def main() -> None:
             for path, models in (("eager", eager), ("compiled", compiled)):
                 rows.setdefault(f"{name} forward {path}", []).append(forward_s(models[name]))
                 rows.setdefault(f"{name} step {path}", []).append(decode_forward_seconds(models[name]))
+            rows.setdefault(f"{name} matmuls", []).append(matmuls_s(eager[name]))
         for batch_size in (1, 16):
             rate, reference = engine_run(eager, batch_size)
             rate_c, out = engine_run(compiled, batch_size)
@@ -100,6 +122,12 @@ def main() -> None:
     for batch_size in (1, 16):
         e, c = medians[f"e2e b{batch_size} eager"], medians[f"e2e b{batch_size} compiled"]
         print(f"| engine with draft, batch {batch_size} | {e:.1f} tok/s | {c:.1f} tok/s | {c / e:.2f}x |")
+    for name in ("draft", "target"):
+        e, c, m = (medians[f"{name} forward eager"], medians[f"{name} forward compiled"], medians[f"{name} matmuls"])
+        print(
+            f"{name}, 64-token forward: its linear layers' matmuls alone take {m * 1e3:.3f} ms; the rest "
+            f"{(e - m) * 1e3:.3f} ms eager, {(c - m) * 1e3:.3f} ms compiled ({(e - m) / (c - m):.2f}x)"
+        )
 
 
 if __name__ == "__main__":
