@@ -4,8 +4,9 @@ et al. 2023, Algorithm 1, lines 1-4; Chen et al. 2023's draft model).
 The draft keeps its own `RaggedKVCache` and, per row, `draft_lens`: how many tokens of the row's
 sequence that cache holds. Invariant between steps: `draft_lens <= seq_lens - 1`. A proposal's first
 forward pass catches each row up on the tokens its cache lacks (one, or two after a step that
-accepted every draft token, or more after steps without speculation), then each further pass feeds
-the draft token just sampled. After the step, `advance` rolls a row back to what the target kept.
+accepted every draft token), then each further pass feeds the draft token just sampled. A row further
+behind (steps without speculation, or looked-up proposals taken) is read first, as a prefill. After
+the step, `advance` rolls a row back to what the target kept.
 
 A row's prompt is read at the first proposal after its admission, not at admission, as a prefill of
 the new rows alone (in the catch-up pass it would widen every row to a whole prompt): a row decoded
@@ -32,6 +33,10 @@ from specq.decoding.stats import DRAFT_MODEL
 if TYPE_CHECKING:
     from specq.decoding.batch import Admission, BatchState
     from specq.decoding.stats import EngineStats
+
+# the most tokens a row's cache lacks after a step the draft model proposed for: the target's own token,
+# and the last draft token when all were accepted; a row further behind is read as a prefill first
+_CATCH_UP = 2
 
 
 class DraftModelProposer:
@@ -60,32 +65,43 @@ class DraftModelProposer:
         self.draft_h[admission.rows] = 0
         self.unread[admission.rows] = True
 
-    def _read_new_rows(self, batch: BatchState, stats: EngineStats) -> None:
-        """Prefill the rows admitted since the last proposal with all but their sequence's last token (the
-        target verifies that one with the first draft tokens), after the head of their prompt that a row of
-        this cache holds (decoding/prefix_reuse.py). Counted as prefill time, not drafting."""
-        rows = np.flatnonzero(self.unread)
-        if rows.size == 0:
+    def _read_behind(self, batch: BatchState, stats: EngineStats) -> None:
+        """Prefill what the cache lacks of each live row beyond a step's catch-up, up to all but the row's
+        last token (the catch-up feeds that one): a row admitted since the last proposal reads its
+        sequence after the head of its prompt that a row of this cache holds (decoding/prefix_reuse.py),
+        and a row the draft model skipped (the policy resting, or the row taking looked-up proposals)
+        reads the tokens decoded meanwhile. Counted as prefill time, not drafting: the time a proposal
+        then takes is that of its usual one- or two-token catch-up, which the policy prices speculation
+        by; a wide catch-up after a rest made a probe's drafting look several times dearer, and the
+        policy then rested on."""
+        live = batch.live_rows()
+        behind = live[self.unread[live] | (batch.seq_h[live] - self.draft_h[live] > _CATCH_UP)]
+        if behind.size == 0:
             return
         started = time.perf_counter()
-        self.unread[rows] = False
-        lengths = batch.seq_h[rows] - 1  # [n]
-        rows_t = torch.from_numpy(rows).to(self.lm.device)  # [n]
-        # the part of each row's prompt it reads (all of it once the row's first token is decoded)
-        prompts = [_slot_prompt(batch, row)[:n] for row, n in zip(rows.tolist(), lengths.tolist(), strict=True)]
-        heads = self.held_prompts.lend(self.cache, rows, rows_t, prompts)
-        width = int((lengths - heads).max())
+        new = self.unread[behind]  # [n]
+        self.unread[behind] = False
+        ends = batch.seq_h[behind] - 1  # [n]
+        starts = self.draft_h[behind].copy()  # [n]
+        rows_t = torch.from_numpy(behind).to(self.lm.device)  # [n]
+        # the part of each new row's prompt it reads (all of it once the row's first token is decoded)
+        new_rows = behind[new]
+        prompts = [_slot_prompt(batch, row)[:n] for row, n in zip(new_rows.tolist(), ends[new].tolist(), strict=True)]
+        if new_rows.size:
+            new_rows_t = torch.from_numpy(new_rows).to(self.lm.device)
+            starts[new] = self.held_prompts.lend(self.cache, new_rows, new_rows_t, prompts)
+        width = int((ends - starts).max())
         if width > 0:
-            starts = torch.from_numpy(heads).to(self.lm.device)  # [n]
-            columns = (starts.unsqueeze(1) + batch.arange(width)).clamp_(max=batch.capacity - 1)  # [n, width]
+            starts_t = torch.from_numpy(starts).to(self.lm.device)  # [n]
+            columns = (starts_t.unsqueeze(1) + batch.arange(width)).clamp_(max=batch.capacity - 1)  # [n, width]
             inputs = self._readable(batch.token_ids[rows_t].gather(1, columns))  # [n, width], right-padded
             self.lm.prefill(
-                self.cache, rows_t, inputs, self.vocab_size, keep=LAST_ONLY, starts=heads if heads.any() else None
+                self.cache, rows_t, inputs, self.vocab_size, keep=LAST_ONLY, starts=starts if starts.any() else None
             )
             stats.draft_forwards += 1
-        self.held_prompts.record(rows.tolist(), prompts)
+        self.held_prompts.record(new_rows.tolist(), prompts)
         self.draft_lens[rows_t] = batch.seq_lens[rows_t] - 1
-        self.draft_h[rows] = lengths
+        self.draft_h[behind] = ends
         stats.time_prefill_s += time.perf_counter() - started
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
@@ -97,7 +113,7 @@ class DraftModelProposer:
         self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         sampling = batch.sampling
-        self._read_new_rows(batch, stats)
+        self._read_behind(batch, stats)
         # The catch-up pass: row b feeds its columns [draft_lens[b], seq_lens[b]), right-padded to `width`.
         unseen = batch.seq_lens - self.draft_lens  # [rows] >= 1
         width = int((batch.seq_h - self.draft_h).max())
