@@ -656,8 +656,8 @@ def _collect(results) -> dict[int, list[int]]:
 
 
 def _policy_snapshot(engine: SpeculativeEngine) -> dict[str, Any] | None:
-    """The policy's estimates, for diagnosis: alpha_j per draft position, and its step-time means in ms
-    (one draft forward, target forward by width, the rest of a step), by row count."""
+    """The policy's estimates, for diagnosis: alpha_j per draft position, and its step-time medians in ms
+    (a step's drafting by its draft forwards, target forward by width, the rest of a step), by row count."""
     policy = engine.policy
     try:
 
@@ -666,7 +666,10 @@ def _policy_snapshot(engine: SpeculativeEngine) -> dict[str, Any] | None:
 
         return {
             "alpha": [round(float(a), 4) for a in policy.acceptance()],
-            "t_draft_ms": {str(rows): ms(m) for rows, m in sorted(policy.t_draft.items())},
+            "t_draft_ms": {
+                str(rows): {str(n): ms(m) for n, m in sorted(by_forwards.items())}
+                for rows, by_forwards in sorted(policy.t_draft.items())
+            },
             "t_target_ms": {
                 str(rows): {str(w): ms(m) for w, m in sorted(widths.items())}
                 for rows, widths in sorted(policy.t_target.items())

@@ -6,7 +6,7 @@ CPU already at small batches) verifying k + 1 tokens costs up to k + 1 times mor
 picks the k in [0, K] that maximises expected tokens per second (goodput, as in SmartSpec, Liu et
 al. 2024):
 
-    goodput(k) = E[tokens per row](k) / (overhead + k * t_draft + t_target(k + 1))
+    goodput(k) = E[tokens per row](k) / (overhead + t_draft(k) + t_target(k + 1))
     E[tokens per row](k) = 1 + sum_{i=1..k} prod_{j<=i} alpha_j
 
 alpha_j is the measured probability that draft position j is accepted given that position j - 1
@@ -20,10 +20,16 @@ time includes booking its drafts and acceptance, host work that speculating alon
 Unmeasured target widths are interpolated between measured ones; a row count not measured at some
 width borrows the shape of the nearest row count's curve (what width w costs relative to a width it
 measured), so a batch that shrinks row by row at the end of a job needs no new warm-up steps, and the
-steps it does take measure its own times. Draft forwards are timed only on steps where the draft
-model ran (a looked-up proposal costs no forward; its host time is part of the step's overhead), and
-a step runs as many as its deepest draft-model row takes, which may be fewer than its k where the
-hybrid's looked-up rows verify further (decoding/model_free.py).
+steps it does take measure its own times. A step's drafting is timed by the number of draft forwards
+it ran and interpolated between the counts measured, as the target's time is between widths, not
+priced at that many times one forward: its first forward catches up the tokens just verified, after
+the target's forward has taken the caches, and costs more than the ones after it (a compiled draft
+model on the 2-core CPU: 1.1 ms against 0.6 ms). Priced per forward, the one-forward probes of a
+resting policy made four forwards look twice their cost, and it rested where k = 4 paid 1.3x.
+Drafting is timed only on steps where the draft model ran (a looked-up proposal costs no forward; its
+host time is part of the step's overhead), and a step runs as many forwards as its deepest draft-model
+row takes, which may be fewer than its k where the hybrid's looked-up rows verify further
+(decoding/model_free.py).
 
 Every `probe_interval` steps a neighbouring k is tried, and every fourth probe the full K where its
 estimate is not far below the best k's (`_FULL_PROBE_REACH`), so estimates never go stale; while probes
@@ -152,7 +158,8 @@ class SpeculationPolicy:
         self.fixed = fixed
         self.probe_interval = probe_interval
         self.steps = 0
-        self.t_draft: dict[int, _Timing] = defaultdict(_Timing)  # rows -> one draft forward
+        # rows -> draft forwards a step ran -> that step's drafting
+        self.t_draft: dict[int, dict[int, _Timing]] = defaultdict(lambda: defaultdict(_Timing))
         self.t_target: dict[int, dict[int, _Timing]] = defaultdict(lambda: defaultdict(_Timing))  # rows -> width
         # rows -> the rest of a step (offers, acceptance, bookkeeping), plain and speculative apart: a
         # speculative step's host work is a few per cent of a compute-bound batch's step, as much as the
@@ -192,7 +199,7 @@ class SpeculationPolicy:
         forwards = k if draft_forwards is None else min(draft_forwards, k)
         drafted = forwards > 0
         if drafted:
-            self.t_draft[rows].add(t_draft / forwards)
+            self.t_draft[rows][forwards].add(t_draft)
         self.t_target[rows][k + 1].add(t_target)
         if t_offer is not None:
             self.t_offer[rows].add(t_offer)
@@ -264,10 +271,10 @@ class SpeculationPolicy:
         )
         without_draft = np.where(widths > 1, speculative, plain) + target  # [k]
         forwards = np.minimum(widths[None, :] - 1, np.arange(top + 1)[:, None])  # [depth, k]
-        draft = _value(_nearest(self._measured_drafts(), rows))
-        if draft is None:  # the draft model's forward not measured yet: only plans without one are priced
+        drafting = _nearest(self._measured_drafts(), rows)
+        if drafting is None:  # the draft model not timed yet: only plans without it are priced
             return np.where(forwards > 0, np.inf, without_draft[None, :])
-        return without_draft[None, :] + forwards * draft
+        return without_draft[None, :] + _drafting_seconds(drafting, forwards)
 
     def _target_times(self, rows: int, widths: np.ndarray) -> np.ndarray | None:
         own = _measured(self.t_target.get(rows, {}))
@@ -286,8 +293,10 @@ class SpeculationPolicy:
         inside = (widths >= measured[0]) & (widths <= measured[-1])
         return np.where(inside, _interpolate(own, widths), borrowed)
 
-    def _measured_drafts(self) -> dict[int, _Timing]:
-        return {r: t for r, t in self.t_draft.items() if t.value is not None}
+    def _measured_drafts(self) -> dict[int, dict[int, float]]:
+        """rows -> draft forwards -> a step's drafting seconds, where measured."""
+        measured = ((rows, _measured(by_forwards)) for rows, by_forwards in self.t_draft.items())
+        return {rows: points for rows, points in measured if points}
 
     def wants_offers(self, rows: int) -> bool:
         """Whether the next step of a batch of `rows` should ask the proposer for offers and `choose`;
@@ -470,6 +479,24 @@ def _nearest(table: Mapping[int, _T], rows: int) -> _T | None:
 
 def _measured(widths: Mapping[int, _Timing]) -> dict[int, float]:
     return {w: t.value for w, t in widths.items() if t.value is not None}
+
+
+def _drafting_seconds(points: dict[int, float], forwards: np.ndarray) -> np.ndarray:
+    """A step's drafting by its draft forwards (0: none), from the counts measured (`points`): piecewise
+    linear between them, and beyond them along the nearest two's slope (one count measured: in
+    proportion to it). The slope is never taken below 0: an underestimate is soon measured, an
+    overestimate never is."""
+    counts = sorted(points)
+    times = np.array([points[c] for c in counts])
+    if len(counts) == 1:
+        low_slope = high_slope = times[0] / counts[0]
+    else:
+        low_slope = max((times[1] - times[0]) / (counts[1] - counts[0]), 0.0)
+        high_slope = max((times[-1] - times[-2]) / (counts[-1] - counts[-2]), 0.0)
+    seconds = np.interp(forwards, counts, times)
+    seconds = np.where(forwards < counts[0], times[0] - (counts[0] - forwards) * low_slope, seconds)
+    seconds = np.where(forwards > counts[-1], times[-1] + (forwards - counts[-1]) * high_slope, seconds)
+    return np.where(forwards > 0, np.maximum(seconds, 0.0), 0.0)
 
 
 def _interpolate(points: dict[int, float], widths: np.ndarray) -> np.ndarray:
