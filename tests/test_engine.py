@@ -88,6 +88,34 @@ def test_the_draft_model_reads_a_prompt_only_when_it_first_drafts_for_it(target,
         assert results[i].token_ids == again[i].token_ids == reference_greedy(target, prompt, 24)
 
 
+def test_rows_the_draft_model_skipped_are_read_as_a_prefill_then_drafted_as_usual(target, draft, prompts):
+    from specq.decoding.k_policy import SpeculationPolicy
+
+    class EverySixthStep(SpeculationPolicy):  # rests five steps, then speculates: rows fall 5 tokens behind
+        def choose(self, rows, limit, offers=None, sources=None):
+            self.steps += 1
+            return min(3, limit) if self.steps % 6 == 0 else 0
+
+    config = DecodingConfig(num_speculative_tokens=3, batch_size=4, strict=True)
+    engine = SpeculativeEngine(target, IdTokenizer(), draft, config, policy=EverySixthStep(3, fixed=False))
+    draft_lm = engine._draft_proposer.lm
+    step_widths = []
+    step = draft_lm.step
+
+    def recording_step(cache, input_ids, *args):
+        step_widths.append(input_ids.shape[1])
+        return step(cache, input_ids, *args)
+
+    draft_lm.step = recording_step
+    results = {r.key: r for r in engine.generate(_greedy_requests(prompts))}
+    # the tokens decoded meanwhile are read by a prefill, so drafting is the usual one- or two-token catch-up
+    # and single tokens: what the policy prices speculation by
+    assert step_widths and max(step_widths) <= 2
+    assert engine.stats.num_draft_tokens > 0
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == reference_greedy(target, prompt, 24)
+
+
 def test_target_only_equals_target_greedy(target, prompts):
     results, engine = _run(target, None, _greedy_requests(prompts), batch_size=4)
     for i, prompt in enumerate(prompts):

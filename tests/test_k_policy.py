@@ -247,3 +247,27 @@ def test_the_kept_estimates_follow_every_observation():
     for _ in range(15):
         policy.observe_step(1, 4, 0.004, 0.050, 0.054)  # the widest verify turned slow
     assert policy.step_times(1, 4)[4] > widest
+
+
+def test_a_steps_drafting_is_priced_by_its_forwards_not_as_that_many_times_one():
+    # a step's first draft forward costs 1.2 ms (it catches up after the target's forward), each further
+    # one 0.5 ms; a resting policy's probes ran one forward, one step ran four. Priced per forward (1.2
+    # ms each), k = 4 would seem not to pay; it does: 3.36 tokens in 7.2 ms against one in 2.6 ms
+    def target(width):
+        return 0.0024 + 0.0004 * (width - 1)
+
+    def drafting(forwards):
+        return 0.0012 + 0.0005 * (forwards - 1)
+
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=1000)
+    for _ in range(15):
+        policy.observe_step(1, 0, 0.0, target(1), target(1) + 0.0002)
+    policy.observe_step(1, 4, drafting(4), target(5), drafting(4) + target(5) + 0.0005)
+    for _ in range(14):
+        policy.observe_step(1, 1, drafting(1), target(2), drafting(1) + target(2) + 0.0005)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        policy.observe_acceptance(np.minimum(rng.geometric(0.2, size=1) - 1, 4), np.array([4]))
+    assert policy.step_times(1, 4)[4] == pytest.approx(drafting(4) + target(5) + 0.0005)
+    assert policy.step_times(1, 4)[2] == pytest.approx(drafting(2) + target(3) + 0.0005)
+    assert policy.choose(1, limit=4) == 4
