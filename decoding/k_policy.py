@@ -34,7 +34,9 @@ row takes, which may be fewer than its k where the hybrid's looked-up rows verif
 Every `probe_interval` steps a neighbouring k is tried, and every fourth probe the full K where its
 estimate is not far below the best k's (`_FULL_PROBE_REACH`), so estimates never go stale; while probes
 leave the choice where it was, the interval doubles (up to `_MAX_PROBE_BACKOFF` times), so a batch
-where speculation does not pay stops paying for the reminder.
+where speculation does not pay stops paying for the reminder; but not before the draft model's
+acceptance is measured on a few draft tokens (`_SETTLED_DRAFT_TOKENS`), and until then every probe
+goes to the full K.
 Between a choice of k = 0 and the next probe the policy rests: the engine decodes plainly without
 asking the proposer for offers (`wants_offers`), so prompt lookups and suffix-index walks, a few per
 cent of a compute-bound batch's step, are not paid where they are not used. For the same reason the
@@ -82,6 +84,11 @@ _MIN_GAIN = 1.05
 # the 2-core CPU) it re-measures a choice that stale estimates could not make win. An unmeasured width
 # is estimated at the widest measured one's time, optimistically, so it is still probed.
 _FULL_PROBE_REACH = 0.75
+# Until the draft model's acceptance rests on this many draft tokens, every probe goes to the full K and
+# the probes do not back off: from its neutral prior, one early rejection made speculation look as if
+# it could not pay, and probes of one token, spaced ever wider, took most of a 1,000-step job (16
+# prompts at batch 1) to learn otherwise. A probe of K tokens at batch 1 costs about two plain steps.
+_SETTLED_DRAFT_TOKENS = 16
 
 
 class _Timing:
@@ -133,6 +140,10 @@ class _Acceptance:
         accepted = (num_accepted[:, None] > positions).sum(axis=0)
         self.reached[:k] += reached
         self.accepted[:k] += accepted
+
+    def measured(self) -> float:
+        """The (decayed) draft tokens its acceptance rests on."""
+        return float(self.reached.sum())
 
     def curve(self) -> np.ndarray:
         """[K] alpha_j, each shrunk towards the pooled acceptance (itself starting from `prior`)."""
@@ -327,13 +338,14 @@ class SpeculationPolicy:
         if self.steps < self._next_probe:
             return best
         self._probes += 1
-        unchanged = best == self._best_at_last_probe
+        unsettled = _draft_depth(offers, sources) != 0 and self._curve_of(0).measured() < _SETTLED_DRAFT_TOKENS
+        unchanged = best == self._best_at_last_probe and not unsettled
         self._best_at_last_probe = best
         self._probe_gap = (
             min(self._probe_gap * 2, self.probe_interval * _MAX_PROBE_BACKOFF) if unchanged else self.probe_interval
         )
         self._next_probe = self.steps + self._probe_gap
-        if self._probes % 4 == 0 and rates[top] >= _FULL_PROBE_REACH * rates[best]:
+        if unsettled or (self._probes % 4 == 0 and rates[top] >= _FULL_PROBE_REACH * rates[best]):
             return top
         # Alternate probing above and below the current best.
         return min(best + 1, top) if self._probes % 2 == 0 or best == 0 else best - 1

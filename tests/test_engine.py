@@ -98,6 +98,7 @@ def test_rows_the_draft_model_skipped_are_read_as_a_prefill_then_drafted_as_usua
 
     config = DecodingConfig(num_speculative_tokens=3, batch_size=4, strict=True)
     engine = SpeculativeEngine(target, IdTokenizer(), draft, config, policy=EverySixthStep(3, fixed=False))
+    assert engine._draft_proposer is not None
     draft_lm = engine._draft_proposer.lm
     step_widths = []
     step = draft_lm.step
@@ -106,7 +107,7 @@ def test_rows_the_draft_model_skipped_are_read_as_a_prefill_then_drafted_as_usua
         step_widths.append(input_ids.shape[1])
         return step(cache, input_ids, *args)
 
-    draft_lm.step = recording_step
+    draft_lm.step = recording_step  # type: ignore[method-assign]
     results = {r.key: r for r in engine.generate(_greedy_requests(prompts))}
     # the tokens decoded meanwhile are read by a prefill, so drafting is the usual one- or two-token catch-up
     # and single tokens: what the policy prices speculation by

@@ -271,3 +271,31 @@ def test_a_steps_drafting_is_priced_by_its_forwards_not_as_that_many_times_one()
     assert policy.step_times(1, 4)[4] == pytest.approx(drafting(4) + target(5) + 0.0005)
     assert policy.step_times(1, 4)[2] == pytest.approx(drafting(2) + target(3) + 0.0005)
     assert policy.choose(1, limit=4) == 4
+
+
+def test_an_early_rejection_does_not_keep_the_draft_model_out():
+    # k = 4 pays (3.7 tokens in 7.2 ms against one in 2.6 ms at acceptance 0.85), but the draft model's
+    # first token is rejected: from its neutral prior that makes speculation look as if it cannot pay.
+    # Its probes go to the full K, without backing off, until its acceptance is measured on a few tokens
+    def target(width):
+        return 0.0024 + 0.0004 * (width - 1)
+
+    def drafting(forwards):
+        return 0.0012 + 0.0005 * (forwards - 1) if forwards else 0.0
+
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    rng = np.random.default_rng(0)
+    chosen = []
+    for step in range(200):
+        if policy.wants_offers(1):
+            k = policy.choose(1, limit=4)
+        else:  # resting, as the engine does
+            policy.rest()
+            k = 0
+        chosen.append(k)
+        overhead = 0.0005 if k else 0.0002
+        policy.observe_step(1, k, drafting(k), target(k + 1), drafting(k) + target(k + 1) + overhead)
+        if k:
+            accepted = 0 if step == 0 else min(rng.geometric(0.15) - 1, k)
+            policy.observe_acceptance(np.array([accepted]), np.array([k]))
+    assert np.mean(np.array(chosen[-100:]) == 4) > 0.8
