@@ -22,10 +22,11 @@ width borrows the shape of the nearest row count's curve (what width w costs rel
 measured), so a batch that shrinks row by row at the end of a job needs no new warm-up steps, and the
 steps it does take measure its own times. A step's drafting is timed by the number of draft forwards
 it ran and interpolated between the counts measured, as the target's time is between widths, not
-priced at that many times one forward: its first forward catches up the tokens just verified, after
-the target's forward has taken the caches, and costs more than the ones after it (a compiled draft
-model on the 2-core CPU: 1.1 ms against 0.6 ms). Priced per forward, the one-forward probes of a
-resting policy made four forwards look twice their cost, and it rested where k = 4 paid 1.3x.
+priced at that many times one forward: its first forward, which catches up the tokens just verified
+after the target's forward, costs more than the ones after it (the demo draft model at batch 1 on the
+2-core CPU, eager: 1.13 ms for a step of one forward, 3.91 ms for four). Priced per forward, the
+one-forward probes of a resting policy made four forwards look dearer than they were, and it rested
+where k = 4 paid.
 Drafting is timed only on steps where the draft model ran (a looked-up proposal costs no forward; its
 host time is part of the step's overhead), and a step runs as many forwards as its deepest draft-model
 row takes, which may be fewer than its k where the hybrid's looked-up rows verify further
