@@ -66,7 +66,7 @@ class DraftModelProposer:
         self.unread[admission.rows] = True
 
     def _read_behind(self, batch: BatchState, stats: EngineStats) -> None:
-        """Prefill what the cache lacks of each live row beyond a step's catch-up, up to all but the row's
+        """Prefill what the cache lacks of each row beyond a step's catch-up, up to all but the row's
         last token (the catch-up feeds that one): a row admitted since the last proposal reads its
         sequence after the head of its prompt that a row of this cache holds (decoding/prefix_reuse.py),
         and a row the draft model skipped (the policy resting, or the row taking looked-up proposals)
@@ -74,8 +74,8 @@ class DraftModelProposer:
         then takes is that of its usual one- or two-token catch-up, which the policy prices speculation
         by; a wide catch-up after a rest made a probe's drafting look several times dearer, and the
         policy then rested on."""
-        live = batch.live_rows()
-        behind = live[self.unread[live] | (batch.seq_h[live] - self.draft_h[live] > _CATCH_UP)]
+        # no per-row loop over the slots: an idle row is 1 token long and its cache empty, so never behind
+        behind = np.flatnonzero(self.unread | (batch.seq_h - self.draft_h > _CATCH_UP))
         if behind.size == 0:
             return
         started = time.perf_counter()
