@@ -201,11 +201,14 @@ def warm_up_decoding(target: Any, draft: Any, tokenizer: Tokenizer) -> float:
         GenerationRequest(key, tuple(prompt), SamplingParams(max_tokens=_WARM_UP_TOKENS + 3 * key, temperature=0.0))
         for key, prompt in enumerate(prompts)
     ]
-    # then two rows that end at their prefill, so that two are refilled at once into a cache in use: the
-    # rows above end one at a time, and that prefill of several rows would compile a graph in a job
+    # then rows that end at their prefill, so that two are refilled at once into a cache in use: the rows
+    # above end one at a time, and that prefill of several rows would compile a graph in a job; two of
+    # one length and two of another, as a prefill of rows of one length (decoding/prefill_groups.py)
+    # keeps one position's logits
+    alike = [torch.randint(0, vocab_size, (length,), generator=generator).tolist() for length in _WARM_UP_SHORT]
     ended = [
         GenerationRequest(len(requests) + key, tuple(prompt), SamplingParams(max_tokens=1, temperature=0.0))
-        for key, prompt in enumerate(short)
+        for key, prompt in enumerate([short[0], alike[0], short[1], alike[1], *short])
     ]
     for batch_size, batch in ((1, requests), (3, requests), (2, [*ended, *requests[:2]])):
         config = DecodingConfig(batch_size=batch_size, model_free=None if draft is not None else "ngram")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from specq.decoding.hf_model import LAST_ONLY, RaggedLM
+from specq.decoding.hf_model import RaggedLM
 from specq.decoding.prefix_reuse import HeldPrompts
 from specq.decoding.proposer import Offer
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
@@ -90,15 +90,18 @@ class DraftModelProposer:
         if new_rows.size:
             new_rows_t = torch.from_numpy(new_rows).to(self.lm.device)
             starts[new] = self.held_prompts.lend(self.cache, new_rows, new_rows_t, prompts)
-        width = int((ends - starts).max())
-        if width > 0:
-            starts_t = torch.from_numpy(starts).to(self.lm.device)  # [n]
-            columns = (starts_t.unsqueeze(1) + batch.arange(width)).clamp_(max=batch.capacity - 1)  # [n, width]
-            inputs = self._readable(batch.token_ids[rows_t].gather(1, columns))  # [n, width], right-padded
-            self.lm.prefill(
-                self.cache, rows_t, inputs, self.vocab_size, keep=LAST_ONLY, starts=starts if starts.any() else None
+        lengths = ends - starts  # [n]
+        reading = np.flatnonzero(lengths > 0)  # [r]
+        if reading.size:
+            width = int(lengths.max())
+            starts_t = torch.from_numpy(starts[reading]).to(self.lm.device)  # [r]
+            columns = (starts_t.unsqueeze(1) + batch.arange(width)).clamp_(max=batch.capacity - 1)  # [r, width]
+            read_t = rows_t[torch.from_numpy(reading).to(self.lm.device)]  # [r]
+            inputs = self._readable(batch.token_ids[read_t].gather(1, columns))  # [r, width], right-padded
+            _, forwards = self.lm.prefill_rows(
+                self.cache, behind[reading], inputs, lengths[reading], self.vocab_size, starts[reading]
             )
-            stats.draft_forwards += 1
+            stats.draft_forwards += forwards
         self.held_prompts.record(new_rows.tolist(), prompts)
         self.draft_lens[rows_t] = batch.seq_lens[rows_t] - 1
         self.draft_h[behind] = ends

@@ -21,8 +21,11 @@ k is chosen per step by `SpeculationPolicy` (decoding/k_policy.py) from measured
 plain decoding, the only mode without a proposer; while the policy rests, the step asks the proposer
 for nothing). The prefill reads the whole prompt and emits the first token itself, so no step is spent
 on it: with short completions (labels, 20-token answers) that step would be a large share of the work.
-Free rows are refilled from the waiting requests; once none are left the batch is compacted so
-finished rows stop costing compute (decoding/batch.py).
+Free rows are refilled from the waiting requests, several to a prefill (rows of similar length in
+one forward, decoding/prefill_groups.py): rows end on different steps, and refilling each at once
+would pay a forward's fixed cost per row or two, so free rows wait until the steps they idle through
+cost as much. Once no request waits, the batch is compacted so finished rows stop costing compute
+(decoding/batch.py).
 
 Invariants at the start of a step, per row: the sequence (prompt and generated tokens) is
 `token_ids[:seq_len]`; the target cache holds its first `seq_len - 1` tokens (the last one is the
@@ -46,7 +49,7 @@ import torch
 from specq.decoding.batch import Admission, BatchState
 from specq.decoding.config import DecodingConfig
 from specq.decoding.draft_model import DraftModelProposer
-from specq.decoding.hf_model import LAST_ONLY, CausalLM, RaggedLM, Tokenizer, decode, eos_token_ids, start_token_id
+from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer, decode, eos_token_ids, start_token_id
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.model_free import HybridProposer, ModelFreeProposer
@@ -149,6 +152,7 @@ class SpeculativeEngine:
         self.proposer = self._proposer(draft_lm, model_free)
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
         self._emit_at_prefill = self.target_lm.keeps_logits
+        self._idled_s = 0.0  # the step time free rows idled through since the last refill (`_refill_due`)
 
     def _proposer(self, draft_lm: RaggedLM | None, model_free: str | None) -> Proposer | None:
         draft = (
@@ -180,7 +184,8 @@ class SpeculativeEngine:
                     static_rows=self.config.batch_size if self.static_shapes else None,
                 )
                 while True:
-                    if not exhausted and batch.num_live() < self.config.batch_size:
+                    if not exhausted and self._refill_due(batch):
+                        self._idled_s = 0.0
                         admitted, failures, exhausted = self._take(waiting, batch)
                         yield from failures
                         if admitted:
@@ -194,6 +199,19 @@ class SpeculativeEngine:
                         batch.compact()
         finally:
             self.stats.time_total_s += time.perf_counter() - started
+
+    def _refill_due(self, batch: BatchState) -> bool:
+        """Whether to refill the batch's free rows now: at once when it has none live; else once the steps
+        they idled through since the last refill cost as much as a prefill's fixed cost (ski rental), so
+        that rows ending on different steps (per-row acceptance) are refilled several to a prefill, not
+        one or two each paying a forward's fixed cost."""
+        live = batch.num_live()
+        if live == self.config.batch_size:
+            return False
+        if live == 0:
+            return True
+        models = [self.target_lm] + ([] if self._draft_proposer is None else [self._draft_proposer.lm])
+        return self._idled_s >= sum(lm.prefill_cost.overhead_seconds() for lm in models)
 
     def _target_cache(self, caches: ExitStack) -> RaggedKVCache:
         """The target's cache for one `generate`; with static shapes, the caches kept for the models, held
@@ -269,33 +287,30 @@ class SpeculativeEngine:
         full = admission
         if shared is not None:
             admission = _select(admission, shared.leaders)
-        prompt_ids, n = admission.prompt_ids, len(admission.rows)  # [n, width]
+        n = len(admission.rows)
         first_logits = None
         if self._emit_at_prefill:
             leaders = [tuple(prompts[i]) for i in (range(n) if shared is None else shared.leaders)]
-            prompt_ids, starts = self._unshared_tails(batch, admission, leaders)
-            # positions worked out on the host, from the prompts' lengths: no device sync at admission
-            last = admission.prompt_lens - 1 - (0 if starts is None else starts)  # [n]
-            keep = np.unique(last)  # [u] sorted: the positions whose logits are computed
-            logits = self.target_lm.prefill(
-                batch.target_cache,
-                admission.rows_t,
-                prompt_ids,
-                self.vocab_size,
-                keep=torch.from_numpy(keep).to(self.device),
-                starts=starts,
-            )  # [n, u, V]
-            self.stats.target_forwards += 1
-            picked = torch.from_numpy(np.searchsorted(keep, last)).to(self.device)  # [n]
-            first_logits = logits[batch.arange(n), picked]  # [n, V]
-            self.stats.prefill_tokens += int(last.sum()) + n
+            prompt_ids, starts = self._unshared_tails(batch, admission, leaders)  # [n, width]
+            lengths = admission.prompt_lens - (0 if starts is None else starts)  # [n]
+            first_logits, forwards = self.target_lm.prefill_rows(
+                batch.target_cache, admission.rows, prompt_ids, lengths, self.vocab_size, starts, last_logits=True
+            )  # [n, V]
+            self.stats.target_forwards += forwards
+            self.stats.prefill_tokens += int(lengths.sum())
         else:
-            width = prompt_ids.shape[1]
-            if width > 1:
-                inputs = prompt_ids[:, : width - 1]  # [n, width - 1]
-                self.target_lm.prefill(batch.target_cache, admission.rows_t, inputs, self.vocab_size, keep=LAST_ONLY)
-                self.stats.target_forwards += 1
-            self.stats.prefill_tokens += int((admission.prompt_lens - 1).sum())
+            lengths = admission.prompt_lens - 1  # [n] the last prompt token is verified by the first step
+            reading = np.flatnonzero(lengths > 0)
+            if reading.size:
+                _, forwards = self.target_lm.prefill_rows(
+                    batch.target_cache,
+                    admission.rows[reading],
+                    admission.prompt_ids[torch.from_numpy(reading).to(self.device)],
+                    lengths[reading],
+                    self.vocab_size,
+                )
+                self.stats.target_forwards += forwards
+            self.stats.prefill_tokens += int(lengths.sum())
         if self.proposer is not None:
             self.proposer.admit(batch, full, self.stats)
         if shared is not None:
@@ -374,6 +389,8 @@ class SpeculativeEngine:
             )
         self._record(batch.rows, k, t_draft, t_target, t_step)
         self.stats.num_steps += 1
+        # a free row idles through the step: its share of the step's time, as if the batch were full
+        self._idled_s += t_step * (self.config.batch_size - live.size) / self.config.batch_size
         yield from self._finish(batch, live, report)
 
     def _plain(self, batch: BatchState) -> tuple[int, np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from specq.decoding.kv_cache import RaggedKVCache
+from specq.decoding.prefill_groups import PrefillCost, length_groups
 from specq.decoding.static_shapes import is_cuda_graphed
 
 LAST_ONLY = 1  # `keep` of a prefill whose logits nobody reads: the last position only
@@ -168,6 +169,7 @@ class RaggedLM:
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_context: int = eager.max_context
         self.keeps_logits: bool = eager.keeps_logits
+        self.prefill_cost = PrefillCost(self.device)
 
     def new_cache(self, rows: int, capacity: int) -> RaggedKVCache:
         return RaggedKVCache(self.num_layers, rows, capacity, static=self.static)
@@ -202,6 +204,49 @@ class RaggedLM:
             cache.plan_extend(rows, columns, min(int(starts.max()) + width, cache.capacity))
             return self._run(self._extend_forward, cache, input_ids, columns, vocab_size, keep)
         return self._run(self._prefill_forward, cache, input_ids, columns, vocab_size, keep)
+
+    def prefill_rows(
+        self,
+        cache: RaggedKVCache,
+        rows: np.ndarray,
+        input_ids: torch.Tensor,
+        lengths: np.ndarray,
+        vocab_size: int,
+        starts: np.ndarray | None = None,
+        last_logits: bool = False,
+    ) -> tuple[torch.Tensor | None, int]:
+        """`prefill` of cache `rows` [n] (host) with input_ids[i, :lengths[i]] each ([n, T] right-padded,
+        on the device; lengths [n] > 0), after starts[i] held columns where given, in groups of rows of
+        similar length (decoding/prefill_groups.py). Returns each row's logits at its last input token
+        ([n, vocab_size], with `last_logits`; else None) and the forwards run."""
+        groups = length_groups(lengths, self.prefill_cost.overhead_tokens())
+        picked: list[torch.Tensor] = []
+        for group in groups:
+            width = int(lengths[group].max())
+            group_t = torch.from_numpy(group).to(self.device)  # [g]
+            last = lengths[group] - 1  # [g]
+            # where the model computes chosen positions' logits alone: the rows' last ones only
+            keep = np.unique(last) if last_logits else None  # [u] sorted
+            group_starts = None if starts is None or not starts[group].any() else starts[group]
+            with self.prefill_cost.timing(len(group) * width):
+                logits = self.prefill(
+                    cache,
+                    torch.from_numpy(rows[group]).to(self.device),
+                    input_ids[group_t, :width],
+                    vocab_size,
+                    keep=LAST_ONLY if keep is None else torch.from_numpy(keep).to(self.device),
+                    starts=group_starts,
+                )  # [g, u or width, V]
+            if keep is not None:
+                # a model that cannot keep chosen positions returned them all
+                at = np.searchsorted(keep, last) if logits.shape[1] == len(keep) else last
+                picked.append(
+                    logits[torch.arange(len(group), device=self.device), torch.from_numpy(at).to(self.device)]
+                )
+        if not last_logits:
+            return None, len(groups)
+        order = torch.from_numpy(np.argsort(np.concatenate(groups))).to(self.device)  # [n] back to `rows` order
+        return torch.cat(picked)[order], len(groups)
 
     def step(
         self, cache: RaggedKVCache, input_ids: torch.Tensor, columns: torch.Tensor, kv_length: int, vocab_size: int
