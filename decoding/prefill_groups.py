@@ -11,9 +11,9 @@ lengths is optimal for this cost, since a group's cost depends only on its longe
 
 The overhead is measured, in tokens of the model: each prefill's time is fitted, by least squares
 over the model's prefills so far, as `overhead + per_token * padded_tokens`, and their ratio is the
-overhead in tokens. It differs by model and device (on the 2-core CPU about 50 tokens for the demo
-target and several hundred for its draft, whose tokens cost a tenth as much), so no constant suits
-them all. Until a few prefills were timed, `DEFAULT_OVERHEAD_TOKENS` stands in.
+overhead in tokens. It differs by model and device (on the 2-core CPU, 154 tokens for the demo's
+draft model, whose tokens cost a tenth of its target's, and for the target less than the floor below),
+so no constant suits them all. Until a few prefills were timed, `DEFAULT_OVERHEAD_TOKENS` stands in.
 """
 
 from __future__ import annotations
@@ -25,9 +25,12 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-DEFAULT_OVERHEAD_TOKENS = 64.0  # until measured: the demo target's on the 2-core CPU, rounded up
-# a fit's ratio is clipped to this range: a noisy fit must neither split every row off nor never split
-_OVERHEAD_RANGE = (8.0, 4096.0)
+DEFAULT_OVERHEAD_TOKENS = 64.0  # until measured: the demo target's best on the 2-core CPU
+# A fit's ratio is clipped to this range. Its floor: where a forward of more tokens costs more per token
+# (the 2-core CPU's caches), the straight line's intercept falls to about nothing; the demo target's fit
+# of 8 tokens split 16-row admissions into 27 forwards, which took 895 ms a round where 64 tokens' 13
+# took 812 (`benchmarks/prefill_groups.py` on 8fce4c2).
+_OVERHEAD_RANGE = (32.0, 4096.0)
 _MIN_PREFILLS = 4  # prefills timed before the fit replaces the default
 
 
