@@ -70,9 +70,10 @@ class PrefillCost:
         return float(np.clip(overhead / per_token, *_OVERHEAD_RANGE))
 
     def overhead_seconds(self) -> float:
-        """A forward's fixed cost in seconds, from the fit (0 until it holds)."""
+        """A forward's fixed cost in seconds: `overhead_tokens` at the fitted cost of a token (0 until the
+        fit holds), so the floor on the tokens holds here too."""
         fit = self._fit()
-        return 0.0 if fit is None else max(fit[0], 0.0)
+        return 0.0 if fit is None else self.overhead_tokens() * fit[1]
 
     def _fit(self) -> tuple[float, float] | None:
         """(overhead seconds, seconds per token) by least squares over the prefills timed, None while

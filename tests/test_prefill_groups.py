@@ -59,11 +59,13 @@ def test_the_fit_finds_a_forwards_overhead_in_tokens():
         cost.record(tokens, 0.005 + 0.0001 * tokens)
     cost.record(1600, 0.005 + 0.0001 * 1600)
     assert cost.overhead_tokens() == pytest.approx(50.0)
+    assert cost.overhead_seconds() == pytest.approx(0.005)
     # a noisy fit that makes a forward free stops at the floor rather than prefill every row alone
     free = PrefillCost(torch.device("cpu"))
     for tokens in (100, 400, 900, 1600):
         free.record(tokens, 0.0001 * tokens - 0.001)
     assert free.overhead_tokens() == 32.0
+    assert free.overhead_seconds() == pytest.approx(32 * 0.0001)  # the floor, at the fitted cost of a token
     # prefills of one size say nothing about the overhead
     same = PrefillCost(torch.device("cpu"))
     for seconds in (0.01, 0.02, 0.015, 0.011):
