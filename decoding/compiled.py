@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from specq.decoding.compile_speedups import record_speedup, recorded_speedup, speedup_key
@@ -214,7 +215,30 @@ def warm_up_decoding(target: Any, draft: Any, tokenizer: Tokenizer) -> float:
         config = DecodingConfig(batch_size=batch_size, model_free=None if draft is not None else "ngram")
         for _ in SpeculativeEngine(target, tokenizer, draft, config).generate(batch):
             pass
+    for model in (target, draft):
+        if model is not None:
+            _warm_up_prefill_groups(RaggedLM(model), generator)
     return time.perf_counter() - started
+
+
+# A prefill's rows run in groups of similar length, split by the measured cost of a forward
+# (decoding/prefill_groups.py), so which groups a job's prefills take varies from run to run: every kind,
+# (rows, their prompt lengths), as the first prefill into a new cache and into one in use, keeping the
+# rows' last logits (the target) or none (the draft model)
+_GROUP_SHAPES = ((1, (1,)), (1, (3,)), (2, (1, 1)), (2, (3, 3)), (2, (2, 3)))
+
+
+def _warm_up_prefill_groups(lm: RaggedLM, generator: torch.Generator) -> None:
+    with torch.inference_mode():
+        for last_logits in (True, False):
+            for first in _GROUP_SHAPES:
+                cache = lm.new_cache(2, 16)
+                for rows, lengths in (first, *_GROUP_SHAPES):
+                    lengths_h = np.array(lengths)
+                    ids = torch.randint(0, lm.vocab_size, (rows, int(lengths_h.max())), generator=generator)
+                    lm.prefill_rows(
+                        cache, np.arange(rows), ids.to(lm.device), lengths_h, lm.vocab_size, last_logits=last_logits
+                    )
 
 
 # decode steps timed for the speedup: (rows, tokens a row) over a cache of _TIMED_CONTEXT tokens
