@@ -153,6 +153,8 @@ class SpeculativeEngine:
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
         self._emit_at_prefill = self.target_lm.keeps_logits
         self._idled_s = 0.0  # the step time free rows idled through since the last refill (`_refill_due`)
+        # the models a refill prefills: the target, and a draft model at its next proposal
+        self._prefilling = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
 
     def _proposer(self, draft_lm: RaggedLM | None, model_free: str | None) -> Proposer | None:
         draft = (
@@ -210,8 +212,7 @@ class SpeculativeEngine:
             return False
         if live == 0:
             return True
-        models = [self.target_lm] + ([] if self._draft_proposer is None else [self._draft_proposer.lm])
-        return self._idled_s >= sum(lm.prefill_cost.overhead_seconds() for lm in models)
+        return self._idled_s >= sum(lm.prefill_cost.overhead_seconds() for lm in self._prefilling)
 
     def _target_cache(self, caches: ExitStack) -> RaggedKVCache:
         """The target's cache for one `generate`; with static shapes, the caches kept for the models, held

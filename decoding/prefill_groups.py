@@ -64,20 +64,17 @@ class PrefillCost:
     def overhead_tokens(self) -> float:
         """A forward's fixed cost in tokens' worth of prefill, from the fit (the default until it holds)."""
         fit = self._fit()
-        if fit is None:
-            return DEFAULT_OVERHEAD_TOKENS
-        overhead, per_token = fit
-        return float(np.clip(overhead / per_token, *_OVERHEAD_RANGE))
+        return DEFAULT_OVERHEAD_TOKENS if fit is None else fit[0]
 
     def overhead_seconds(self) -> float:
         """A forward's fixed cost in seconds: `overhead_tokens` at the fitted cost of a token (0 until the
         fit holds), so the floor on the tokens holds here too."""
         fit = self._fit()
-        return 0.0 if fit is None else self.overhead_tokens() * fit[1]
+        return 0.0 if fit is None else fit[0] * fit[1]
 
     def _fit(self) -> tuple[float, float] | None:
-        """(overhead seconds, seconds per token) by least squares over the prefills timed, None while
-        too few, all of one size, or fitting a token no cost."""
+        """(a forward's fixed cost in tokens, clipped to `_OVERHEAD_RANGE`; seconds per token) by least
+        squares over the prefills timed, None while too few, all of one size, or fitting a token no cost."""
         unread = []
         for padded, start, end in self._pending:
             if end.query():
@@ -92,7 +89,8 @@ class PrefillCost:
         per_token = (count * products - tokens * seconds) / spread
         if per_token <= 0:
             return None
-        return float((seconds - per_token * tokens) / count), float(per_token)
+        overhead = (seconds - per_token * tokens) / count
+        return float(np.clip(overhead / per_token, *_OVERHEAD_RANGE)), float(per_token)
 
 
 def length_groups(lengths: np.ndarray, overhead_tokens: float) -> list[np.ndarray]:
