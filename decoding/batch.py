@@ -218,17 +218,18 @@ class BatchState:
         if self.proposer is not None:
             self.proposer.release(rows, rows_t)
 
-    def compact(self) -> None:
-        """Drop finished rows when they are at least half the batch, or with static shapes where the live
-        rows fit a smaller size (called once no request waits)."""
-        live = self.live_rows()
-        if not live.size:
-            return
-        smaller = live.size * 2 <= self.rows
+    def compactable(self) -> bool:
+        """Whether dropping the finished rows makes the batch smaller: some rows are live and some not (with
+        static shapes: the live rows fit a smaller size)."""
+        live = self.num_live()
         if self.static_rows is not None:  # a batch size that is not a power of two is a size of its own
-            smaller = row_bucket(live.size, self.static_rows) < self.rows
-        if smaller:
-            self._resize(rows=live.size, capacity=self.capacity, keep=live)
+            return live > 0 and row_bucket(live, self.static_rows) < self.rows
+        return 0 < live < self.rows
+
+    def compact(self) -> None:
+        """Drop the finished rows (called once no request waits, where `compactable`)."""
+        live = self.live_rows()
+        self._resize(rows=live.size, capacity=self.capacity, keep=live)
 
     def _resize(self, rows: int, capacity: int, keep: np.ndarray | None = None) -> None:
         """Keep rows `keep` (default: all) first, then add empty rows up to `rows`; grow to `capacity`."""

@@ -23,9 +23,9 @@ for nothing). The prefill reads the whole prompt and emits the first token itsel
 on it: with short completions (labels, 20-token answers) that step would be a large share of the work.
 Free rows are refilled from the waiting requests, several to a prefill (rows of similar length in
 one forward, decoding/prefill_groups.py): rows end on different steps, and refilling each at once
-would pay a forward's fixed cost per row or two, so free rows wait until the steps they idle through
-cost as much. Once no request waits, the batch is compacted so finished rows stop costing compute
-(decoding/batch.py).
+would pay a forward's fixed cost per row or two, so free rows wait while the steps they idle through
+cost less; once no request waits, free rows are dropped (decoding/batch.py) once they cost as much as
+dropping them (both: decoding/idle_rows.py).
 
 Invariants at the start of a step, per row: the sequence (prompt and generated tokens) is
 `token_ids[:seq_len]`; the target cache holds its first `seq_len - 1` tokens (the last one is the
@@ -50,6 +50,7 @@ from specq.decoding.batch import Admission, BatchState
 from specq.decoding.config import DecodingConfig
 from specq.decoding.draft_model import DraftModelProposer
 from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer, decode, eos_token_ids, start_token_id
+from specq.decoding.idle_rows import IdleRows
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.model_free import HybridProposer, ModelFreeProposer
@@ -152,7 +153,7 @@ class SpeculativeEngine:
         self.proposer = self._proposer(draft_lm, model_free)
         self.stats = EngineStats(accepted_per_position=[0] * self.max_k)
         self._emit_at_prefill = self.target_lm.keeps_logits
-        self._idled_s = 0.0  # the step time free rows idled through since the last refill (`_refill_due`)
+        self.idle_rows = IdleRows(self.config.batch_size, self.device)
         # the models a refill prefills: the target, and a draft model at its next proposal
         self._prefilling = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
 
@@ -174,7 +175,7 @@ class SpeculativeEngine:
     # -- the request loop ---------------------------------------------------------------------------
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         started = time.perf_counter()
-        waiting = iter(requests)
+        waiting = _Waiting(requests)
         exhausted = False
         try:
             with torch.inference_mode(), ExitStack() as caches:
@@ -187,7 +188,7 @@ class SpeculativeEngine:
                 )
                 while True:
                     if not exhausted and self._refill_due(batch):
-                        self._idled_s = 0.0
+                        self.idle_rows.refilled()
                         admitted, failures, exhausted = self._take(waiting, batch)
                         yield from failures
                         if admitted:
@@ -197,22 +198,22 @@ class SpeculativeEngine:
                             return
                         continue
                     yield from self._step(batch)
-                    if exhausted:
-                        batch.compact()
+                    if exhausted and batch.compactable() and self.idle_rows.compaction_due():
+                        with self.idle_rows.compacting():
+                            batch.compact()
         finally:
             self.stats.time_total_s += time.perf_counter() - started
 
     def _refill_due(self, batch: BatchState) -> bool:
-        """Whether to refill the batch's free rows now: at once when it has none live; else once the steps
-        they idled through since the last refill cost as much as a prefill's fixed cost (ski rental), so
-        that rows ending on different steps (per-row acceptance) are refilled several to a prefill, not
-        one or two each paying a forward's fixed cost."""
-        live = batch.num_live()
-        if live == self.config.batch_size:
-            return False
-        if live == 0:
-            return True
-        return self._idled_s >= sum(lm.prefill_cost.overhead_seconds() for lm in self._prefilling)
+        """Whether to refill the batch's free rows now (decoding/idle_rows.py): several to a prefill, since
+        rows ending on different steps (per-row acceptance) refilled one or two at a time would each pay
+        a forward's fixed cost."""
+        live = batch.live_rows()
+        tokens_left = np.minimum(
+            batch.max_tokens_h[live] - batch.generated_h[live], self.max_context - batch.seq_h[live]
+        )
+        overhead_s = sum(lm.prefill_cost.overhead_seconds() for lm in self._prefilling)
+        return self.idle_rows.refill_due(tokens_left, overhead_s)
 
     def _target_cache(self, caches: ExitStack) -> RaggedKVCache:
         """The target's cache for one `generate`; with static shapes, the caches kept for the models, held
@@ -225,15 +226,15 @@ class SpeculativeEngine:
         return caches.enter_context(lease_cache(self.target_lm.model, self.target_lm.num_layers))
 
     def _take(
-        self, waiting: Iterator[GenerationRequest], batch: BatchState
+        self, waiting: _Waiting, batch: BatchState
     ) -> tuple[list[GenerationRequest], list[GenerationResult], bool]:
         """Up to the batch's free rows of valid requests, the failures of invalid ones, and whether the
-        requests ran out."""
+        requests ran out (read one ahead: a batch that took the last request drops rows as they end)."""
         free = self.config.batch_size - batch.num_live()
         admitted: list[GenerationRequest] = []
         failures: list[GenerationResult] = []
         while len(admitted) < free:
-            request = next(waiting, None)
+            request = waiting.next()
             if request is None:
                 return admitted, failures, True
             request = self._with_start_token(request)
@@ -242,7 +243,7 @@ class SpeculativeEngine:
                 failures.append(GenerationResult.failed(request.key, problem, len(request.prompt_token_ids)))
             else:
                 admitted.append(request)
-        return admitted, failures, False
+        return admitted, failures, waiting.empty
 
     def _with_start_token(self, request: GenerationRequest) -> GenerationRequest:
         if request.prompt_token_ids or self._start_token_id is None:
@@ -390,8 +391,7 @@ class SpeculativeEngine:
             )
         self._record(batch.rows, k, t_draft, t_target, t_step)
         self.stats.num_steps += 1
-        # a free row idles through the step: its share of the step's time, as if the batch were full
-        self._idled_s += t_step * (self.config.batch_size - live.size) / self.config.batch_size
+        self.idle_rows.stepped(t_step, live.size, batch.rows)
         yield from self._finish(batch, live, report)
 
     def _plain(self, batch: BatchState) -> tuple[int, np.ndarray, np.ndarray]:
@@ -664,6 +664,24 @@ class SpeculativeEngine:
             stats.add_time(f"draft@{rows}", t_draft, count=k)
         stats.add_time(f"target:{k + 1}@{rows}", t_target)
         stats.add_time(f"step:{k}@{rows}", t_step)
+
+
+class _Waiting:
+    """The requests not yet taken, read one ahead so that taking the last one is known at once."""
+
+    def __init__(self, requests: Iterable[GenerationRequest]) -> None:
+        self._requests = iter(requests)
+        self._ahead = next(self._requests, None)
+
+    @property
+    def empty(self) -> bool:
+        return self._ahead is None
+
+    def next(self) -> GenerationRequest | None:
+        request = self._ahead
+        if request is not None:
+            self._ahead = next(self._requests, None)
+        return request
 
 
 @dataclass(frozen=True)
