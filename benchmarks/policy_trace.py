@@ -6,7 +6,8 @@
 The engines of `specq bench --workloads` (bench/draft_axis.py: the demo pair, greedy, the contender's
 default K), one warm-up pass, then `--passes` timed passes sharing the warm-up's policy, each with an
 empty suffix index, in turns with target-only's. First, where each pass's time went: prefill, the
-decode steps (what the policy times) and the rest (admission, finishing, feeding the index). Then,
+decode steps (what the policy times) and the rest (admission, finishing, feeding the index), with the
+admissions it ran (its first and each refill) and its idle row-steps (each step's free rows). Then,
 for each k chosen at the full batch: the steps that took it; the tokens a row the policy expected of
 it when it chose it, and those the steps gave; its step time over a plain step's, as the policy
 estimated it and as measured (the median step at that k over target-only's mean step at the full
@@ -57,6 +58,25 @@ class TracingPolicy(SpeculationPolicy):
         super().observe_step(rows, k, t_draft, t_target, t_total, **kwargs)
 
 
+def _count_refills_and_idle_rows(engine: Any) -> tuple[list[int], list[int]]:
+    """Lists `engine` fills as it decodes: the rows each admission (the first, then each refill) took, and
+    each step's free rows (idle row-steps), read at its admissions and steps."""
+    refills: list[int] = []
+    idle: list[int] = []
+    admit, step = engine._admit, engine._step
+
+    def counted_admit(batch: Any, admitted: list[Any]) -> Any:
+        refills.append(len(admitted))
+        return admit(batch, admitted)
+
+    def counted_step(batch: Any) -> Any:
+        idle.append(batch.rows - batch.num_live())
+        return step(batch)
+
+    engine._admit, engine._step = counted_admit, counted_step
+    return refills, idle
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="continuation")
@@ -89,31 +109,39 @@ def main() -> None:
     list(engine(policy).generate(requests[:rows]))
     list(plain_engine().generate(requests[:rows]))
     policy.steps_seen.clear()
-    passes: dict[str, list[tuple[float, float, float, float, int]]] = {"target_only": [], args.contender: []}
+    passes: dict[str, list[tuple[float, ...]]] = {"target_only": [], args.contender: []}
     plain_steps: list[float] = []  # target-only's steps at the full batch, the reference for every k
     for _ in range(args.passes):  # in turns, as `specq bench` times them
         for name, make in (("target_only", plain_engine), (args.contender, lambda: engine(policy))):
             timed = make()
+            refills, idle = _count_refills_and_idle_rows(timed)
             started = time.perf_counter()
             tokens = sum(len(result.token_ids) for result in timed.generate(requests))
             seconds = time.perf_counter() - started
             stats = timed.stats
             stepping = sum(t for key, t in stats.timed_seconds.items() if key.startswith("step:"))
-            passes[name].append((tokens / seconds, seconds, stats.time_prefill_s, stepping, stats.num_steps))
+            passes[name].append(
+                (tokens / seconds, seconds, stats.time_prefill_s, stepping, stats.num_steps, len(refills), sum(idle))
+            )
             if name == "target_only":
                 plain_steps.append(stats.mean_seconds()[f"step:0@{rows}"])
     print(
         f"{args.contender} on {args.workload}, batch {rows}: {args.passes} passes each of {args.requests} requests"
         f" of {args.max_tokens} tokens, in turns with target-only (medians; other = the pass less prefill and steps)"
     )
-    print("| contender | tokens/s of each pass | pass s | prefill s | steps s | other s | steps |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| contender | tokens/s of each pass | pass s | prefill s | steps s | other s | steps | admissions |"
+        " idle rows |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, runs in passes.items():
-        seconds, prefill, stepping, count = (statistics.median(run[i] for run in runs) for i in range(1, 5))
+        seconds, prefill, stepping, count, admissions, idle_rows = (
+            statistics.median(run[i] for run in runs) for i in range(1, 7)
+        )
         other = statistics.median(run[1] - run[2] - run[3] for run in runs)
         print(
             f"| {name} | {', '.join(f'{run[0]:.1f}' for run in runs)} | {seconds:.3f} | {prefill:.3f} | "
-            f"{stepping:.3f} | {other:.3f} | {count:.0f} |"
+            f"{stepping:.3f} | {other:.3f} | {count:.0f} | {admissions:.0f} | {idle_rows:.0f} |"
         )
     print()
     by_k: dict[int, list[dict[str, Any]]] = defaultdict(list)
