@@ -38,6 +38,7 @@ from specq.decoding.config import ModelFree
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.stats import PROPOSERS, EngineStats, empty_by_proposer
 from specq.decoding.suffix_index import SuffixIndex
+from specq.errors import SpecqError
 
 _MIN_LOOP_TOKENS = 8  # a shorter completion repeating a token is as likely an answer as a loop
 # contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer)
@@ -114,9 +115,11 @@ def run_draft_axis(
     warmup: int,
     repeats: int,
     num_speculative_tokens: int | None = None,
+    drop_loops: bool = False,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
-    """Every contender of `drafts` (keys of DRAFTS; target_only always) on every workload and batch size."""
+    """Every contender of `drafts` (keys of DRAFTS; target_only always) on every workload and batch size;
+    with `drop_loops`, on the prompts whose target-only greedy completion does not loop (`_without_loops`)."""
     from specq.bench.runner import BenchSettings
     from specq.models.loading import tokenize_prompt
 
@@ -124,6 +127,7 @@ def run_draft_axis(
     settings = BenchSettings(batch_sizes=tuple(batch_sizes), warmup=warmup, repeats=repeats)
     rows: list[dict[str, Any]] = []
     prompt_counts: dict[str, int] = {}
+    dropped: dict[str, int] = {}
     for workload in workloads:
         texts = workload_prompts(workload, num_prompts, prompt_chars)
         prompts = [tokenize_prompt(tokenizer, prompt=text) for text in texts]
@@ -133,6 +137,13 @@ def run_draft_axis(
             GenerationRequest(i, tuple(p), SamplingParams(**{**vars(params), "seed": seed + i}))
             for i, p in enumerate(prompts)
         ]
+        if drop_loops:
+            kept = _without_loops(target, tokenizer, requests, max(batch_sizes))
+            dropped[workload] = len(requests) - len(kept)
+            progress(f"{workload}: {dropped[workload]} of {len(requests)} prompts dropped, their completions loop")
+            if not kept:
+                raise SpecqError(f"every prompt of workload {workload!r} loops; none is left to time")
+            requests = kept
         # no K given: each contender's own default (decoding.config), as `specq run` would use
         k_option: dict[str, Any] = (
             {} if num_speculative_tokens is None else {"num_speculative_tokens": num_speculative_tokens}
@@ -159,7 +170,20 @@ def run_draft_axis(
             runs = {c.run.name: c.run for c in contenders}
             rows.append(_row(workload, b, runs, compare=temperature == 0))
             progress(_summary(rows[-1]))
-    return {"rows": rows, "prompt_tokens": prompt_counts}
+    return {"rows": rows, "prompt_tokens": prompt_counts, **({"dropped_loops": dropped} if drop_loops else {})}
+
+
+def _without_loops(target, tokenizer, requests: list[GenerationRequest], batch_size: int) -> list[GenerationRequest]:
+    """The requests whose target-only greedy completion does not repeat a short period, decided by one
+    untimed pass: on a weak model's loops every proposer predicts the loop, so acceptance there measures
+    the loop, not the workload (the demo pair loops on most grounded prompts)."""
+    greedy = [
+        GenerationRequest(r.key, r.prompt_token_ids, SamplingParams(max_tokens=r.params.max_tokens, temperature=0.0))
+        for r in requests
+    ]
+    engine = SpeculativeEngine(target, tokenizer, None, DecodingConfig(batch_size=batch_size))
+    looping = {result.key for result in engine.generate(greedy) if repeats_a_short_period(result.token_ids)}
+    return [r for r in requests if r.key not in looping]
 
 
 def _row(workload: str, batch_size: int, runs: dict[str, Run], compare: bool) -> dict[str, Any]:
@@ -246,7 +270,10 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {row['workload']} | {row['batch_size']} | {name} | {c['tokens_per_s']:.1f} | "
                 f"{speedup} | {acceptance} | {split} | {k} | {same} |"
             )
-    notes = _repetition_notes(results["rows"])
+    notes = _repetition_notes(results["rows"]) + [
+        f"- {workload}: {count} prompts dropped before timing (--drop-loops), their target-only completions loop."
+        for workload, count in results.get("dropped_loops", {}).items()
+    ]
     return "\n".join(lines + ([""] if notes else []) + notes) + "\n"
 
 

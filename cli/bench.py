@@ -112,6 +112,12 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     help="With --workloads: the contenders (the draft axis): target-only, the draft model, prompt lookup, "
     "the suffix index, and the hybrid of the draft model with the suffix index.",
 )
+@click.option(
+    "--drop-loops",
+    is_flag=True,
+    help="With --workloads: time only the prompts whose target-only greedy completion does not repeat one or two "
+    "tokens over and over (a weak model's loop, which every proposer predicts); one untimed pass decides.",
+)
 @compile_option(
     "off",
     "Compiled forwards for every contender (as run/submit --compile); on also keeps each model's measured "
@@ -143,6 +149,7 @@ def bench(
     hf_assistant_tokens: int | None,
     workloads: tuple[str, ...],
     drafts: tuple[str, ...],
+    drop_loops: bool,
     compile: str,
     json_path: str | None,
     markdown_path: str | None,
@@ -155,6 +162,8 @@ def bench(
     """
     if (target is None) != (draft is None):
         raise click.UsageError("give both --target and --draft, or neither (the demo pair)")
+    if drop_loops and not workloads:
+        raise click.UsageError("--drop-loops applies to the draft axis: give --workloads too")
     from specq.bench import report, runner
     from specq.errors import SpecqError
 
@@ -190,6 +199,7 @@ def bench(
             loading,
             json_path=json_path,
             markdown_path=markdown_path,
+            drop_loops=drop_loops,
             **common,
         )
         return

@@ -328,3 +328,57 @@ def test_the_templated_workload_repeats_no_prompt_at_hundreds_of_requests():
     assert len(set(prompts)) == 256
     with pytest.raises(ValueError, match="distinct prompts"):
         workload_prompts("templated", 100_000, 256)
+
+
+def test_the_draft_axis_can_time_only_the_prompts_whose_completions_do_not_loop(tiny_pair):
+    import torch
+
+    from specq.bench.draft_axis import _without_loops, markdown, run_draft_axis
+    from specq.bench.workloads import greedy_requests
+    from specq.errors import SpecqError
+    from specq.models.loading import load_pair
+
+    pair = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None)
+    requests = greedy_requests(pair.tokenizer, "grounded", 4, 12, prompt_chars=64)
+    # the tiny random target does not loop here; one whose logits are a constant bias favouring token 5
+    # answers 5 over and over, whatever the prompt
+    assert _without_loops(pair.target, pair.tokenizer, requests, 2) == requests
+    looping = copy.deepcopy(pair.target)
+    vocab, hidden = looping.lm_head.weight.shape
+    looping.lm_head = torch.nn.Linear(hidden, vocab, bias=True)
+    with torch.no_grad():
+        looping.lm_head.weight.zero_()
+        looping.lm_head.bias.zero_()
+        looping.lm_head.bias[5] = 1.0
+    assert _without_loops(looping, pair.tokenizer, requests, 2) == []
+
+    def axis(target, drop_loops: bool) -> dict:
+        return run_draft_axis(
+            target,
+            pair.draft,
+            pair.tokenizer,
+            ["grounded"],
+            ["ngram"],
+            [2],
+            num_prompts=4,
+            prompt_chars=64,
+            max_tokens=12,
+            temperature=0.0,
+            seed=0,
+            warmup=0,
+            repeats=1,
+            drop_loops=drop_loops,
+        )
+
+    assert axis(looping, False)["rows"][0]["target_only_repetitive"] == 4
+    with pytest.raises(SpecqError, match="every prompt of workload 'grounded' loops"):
+        axis(looping, True)
+    kept = axis(pair.target, True)
+    assert kept["dropped_loops"] == {"grounded": 0} and kept["rows"][0]["prompts"] == 4
+    assert "- grounded: 0 prompts dropped before timing (--drop-loops)" in markdown(kept)
+
+
+def test_drop_loops_without_workloads_is_a_usage_error():
+    result = CliRunner().invoke(cli, ["bench", "--drop-loops"])
+    assert result.exit_code == 2, result.output
+    assert "--workloads" in result.output
