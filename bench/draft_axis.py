@@ -40,7 +40,11 @@ from specq.decoding.stats import PROPOSERS, EngineStats, empty_by_proposer
 from specq.decoding.suffix_index import SuffixIndex
 from specq.errors import SpecqError
 
-_MIN_LOOP_TOKENS = 8  # a shorter completion repeating a token is as likely an answer as a loop
+# A completion ends in a loop where its second half, of this many tokens at least, repeats a period of
+# up to _MAX_LOOP_PERIOD tokens: fewer tokens repeating are as likely an answer as a loop, and the demo
+# pair's loops run up to a few tokens ("**kw, **kw, ...", "_data_data_...")
+_MIN_LOOP_TOKENS = 8
+_MAX_LOOP_PERIOD = 8
 # contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer)
 DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
     "target_only": (False, None),
@@ -222,15 +226,18 @@ def _row(workload: str, batch_size: int, runs: dict[str, Run], compare: bool) ->
 
 
 def repeats_a_short_period(tokens: list[int]) -> bool:
-    """Whether a completion is one or two tokens over and over (a weak model's loop: newline after
-    newline). Every proposer predicts such a completion, so acceptance on it measures the loop."""
-    return len(tokens) >= _MIN_LOOP_TOKENS and any(tokens[period:] == tokens[:-period] for period in (1, 2))
+    """Whether a completion ends in a loop: its second half repeats a period of a few tokens (a weak
+    model's loop: newline after newline, an argument over and over). Every proposer predicts such a
+    completion, so acceptance on it measures the loop."""
+    tail = tokens[len(tokens) // 2 :]
+    periods = range(1, min(_MAX_LOOP_PERIOD, len(tail) // 2) + 1)
+    return len(tail) >= _MIN_LOOP_TOKENS and any(tail[period:] == tail[:-period] for period in periods)
 
 
 def _repetition_notes(rows: list[dict[str, Any]]) -> list[str]:
     return [
         f"- {row['workload']} at batch {row['batch_size']}: {row['target_only_repetitive']} of {row['prompts']}"
-        " target-only completions repeat one or two tokens over and over; acceptance there measures that loop,"
+        " target-only completions end in a loop (a few tokens over and over); acceptance there measures that loop,"
         " not the workload."
         for row in rows
         if row.get("target_only_repetitive")

@@ -115,8 +115,8 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
 @click.option(
     "--drop-loops",
     is_flag=True,
-    help="With --workloads: time only the prompts whose target-only greedy completion does not repeat one or two "
-    "tokens over and over (a weak model's loop, which every proposer predicts); one untimed pass decides.",
+    help="With --workloads: time only the prompts whose target-only greedy completion does not end in a loop (a "
+    "few tokens over and over: a weak model's, which every proposer predicts); one untimed pass decides.",
 )
 @compile_option(
     "off",

@@ -303,14 +303,16 @@ def test_a_draft_axis_row_gives_the_spread_of_its_rounds_beside_the_median():
 def test_completions_that_loop_are_counted_and_named_under_the_table():
     from specq.bench.draft_axis import _row, markdown, repeats_a_short_period
 
-    assert repeats_a_short_period([5] * 8) and repeats_a_short_period([5, 9] * 6)
-    assert not repeats_a_short_period([5] * 7)  # too short to tell a loop from an answer
-    assert not repeats_a_short_period([5, 9, 4] * 4) and not repeats_a_short_period([5] * 8 + [6])
+    assert repeats_a_short_period([5] * 16) and repeats_a_short_period([5, 9] * 8)
+    assert repeats_a_short_period(list(range(16)) + [5, 9, 4] * 6)  # an answer that turned into a loop
+    assert not repeats_a_short_period([5] * 14)  # too short to tell a loop from an answer
+    assert not repeats_a_short_period(list(range(32))) and not repeats_a_short_period([5] * 16 + [6])
+    assert not repeats_a_short_period(list(range(9)) * 4)  # a period longer than a loop's
     outputs = {0: [13] * 32, 1: [7, 13] * 16, 2: list(range(32))}
     runs = {name: Run(name, 1, [96], [1.0], [1.0], [0.0, 0.0], outputs) for name in ("target_only", "ngram")}
     row = _row("grounded", 1, runs, True)
     assert (row["target_only_repetitive"], row["prompts"]) == (2, 3)
-    assert "- grounded at batch 1: 2 of 3 target-only completions repeat one or two tokens" in markdown({"rows": [row]})
+    assert "- grounded at batch 1: 2 of 3 target-only completions end in a loop" in markdown({"rows": [row]})
 
 
 def test_an_unknown_workload_or_draft_is_a_usage_error():
@@ -333,16 +335,20 @@ def test_the_templated_workload_repeats_no_prompt_at_hundreds_of_requests():
 def test_the_draft_axis_can_time_only_the_prompts_whose_completions_do_not_loop(tiny_pair):
     import torch
 
-    from specq.bench.draft_axis import _without_loops, markdown, run_draft_axis
+    from specq.bench.draft_axis import _without_loops, markdown, repeats_a_short_period, run_draft_axis
     from specq.bench.workloads import greedy_requests
     from specq.errors import SpecqError
     from specq.models.loading import load_pair
+    from tests.tiny_models import reference_greedy
 
     pair = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None)
-    requests = greedy_requests(pair.tokenizer, "grounded", 4, 12, prompt_chars=64)
-    # the tiny random target does not loop here; one whose logits are a constant bias favouring token 5
-    # answers 5 over and over, whatever the prompt
-    assert _without_loops(pair.target, pair.tokenizer, requests, 2) == requests
+    requests = greedy_requests(pair.tokenizer, "grounded", 4, 16, prompt_chars=64)
+    # the tiny random target loops on some of these prompts (by transformers' own greedy decoding)
+    answers = [reference_greedy(pair.target, list(r.prompt_token_ids), 16) for r in requests]
+    not_looping = [r for r, answer in zip(requests, answers, strict=True) if not repeats_a_short_period(answer)]
+    assert 0 < len(not_looping) < len(requests)
+    assert _without_loops(pair.target, pair.tokenizer, requests, 2) == not_looping
+    # a target whose logits are a constant bias favouring token 5 answers 5 over and over, whatever the prompt
     looping = copy.deepcopy(pair.target)
     vocab, hidden = looping.lm_head.weight.shape
     looping.lm_head = torch.nn.Linear(hidden, vocab, bias=True)
@@ -362,7 +368,7 @@ def test_the_draft_axis_can_time_only_the_prompts_whose_completions_do_not_loop(
             [2],
             num_prompts=4,
             prompt_chars=64,
-            max_tokens=12,
+            max_tokens=16,
             temperature=0.0,
             seed=0,
             warmup=0,
@@ -370,12 +376,15 @@ def test_the_draft_axis_can_time_only_the_prompts_whose_completions_do_not_loop(
             drop_loops=drop_loops,
         )
 
-    assert axis(looping, False)["rows"][0]["target_only_repetitive"] == 4
     with pytest.raises(SpecqError, match="every prompt of workload 'grounded' loops"):
         axis(looping, True)
+    dropped = len(requests) - len(not_looping)
+    assert axis(pair.target, False)["rows"][0]["target_only_repetitive"] == dropped
     kept = axis(pair.target, True)
-    assert kept["dropped_loops"] == {"grounded": 0} and kept["rows"][0]["prompts"] == 4
-    assert "- grounded: 0 prompts dropped before timing (--drop-loops)" in markdown(kept)
+    assert kept["dropped_loops"] == {"grounded": dropped}
+    row = kept["rows"][0]
+    assert (row["prompts"], row["target_only_repetitive"], row["same_output_all"]) == (len(not_looping), 0, True)
+    assert f"- grounded: {dropped} prompts dropped before timing (--drop-loops)" in markdown(kept)
 
 
 def test_drop_loops_without_workloads_is_a_usage_error():
