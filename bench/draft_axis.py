@@ -40,9 +40,9 @@ from specq.decoding.stats import PROPOSERS, EngineStats, empty_by_proposer
 from specq.decoding.suffix_index import SuffixIndex
 from specq.errors import SpecqError
 
-# A completion ends in a loop where its second half, of this many tokens at least, repeats a period of
-# up to _MAX_LOOP_PERIOD tokens: fewer tokens repeating are as likely an answer as a loop, and the demo
-# pair's loops run up to a few tokens ("**kw, **kw, ...", "_data_data_...")
+# A completion ends in a loop where its last tokens, this many at least and two periods at least, repeat
+# a period of up to _MAX_LOOP_PERIOD tokens: fewer tokens repeating are as likely an answer as a loop,
+# and the demo pair's loops run up to a few tokens ("**kw, **kw, ...", "_data_data_...")
 _MIN_LOOP_TOKENS = 8
 _MAX_LOOP_PERIOD = 8
 # contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer)
@@ -226,12 +226,14 @@ def _row(workload: str, batch_size: int, runs: dict[str, Run], compare: bool) ->
 
 
 def repeats_a_short_period(tokens: list[int]) -> bool:
-    """Whether a completion ends in a loop: its second half repeats a period of a few tokens (a weak
+    """Whether a completion ends in a loop: its last tokens repeat a period of a few tokens (a weak
     model's loop: newline after newline, an argument over and over). Every proposer predicts such a
     completion, so acceptance on it measures the loop."""
-    tail = tokens[len(tokens) // 2 :]
-    periods = range(1, min(_MAX_LOOP_PERIOD, len(tail) // 2) + 1)
-    return len(tail) >= _MIN_LOOP_TOKENS and any(tail[period:] == tail[:-period] for period in periods)
+    for period in range(1, _MAX_LOOP_PERIOD + 1):
+        tail = tokens[-max(_MIN_LOOP_TOKENS, 2 * period) :]
+        if len(tail) >= max(_MIN_LOOP_TOKENS, 2 * period) and tail[period:] == tail[:-period]:
+            return True
+    return False
 
 
 def _repetition_notes(rows: list[dict[str, Any]]) -> list[str]:

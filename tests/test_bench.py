@@ -303,9 +303,10 @@ def test_a_draft_axis_row_gives_the_spread_of_its_rounds_beside_the_median():
 def test_completions_that_loop_are_counted_and_named_under_the_table():
     from specq.bench.draft_axis import _row, markdown, repeats_a_short_period
 
-    assert repeats_a_short_period([5] * 16) and repeats_a_short_period([5, 9] * 8)
-    assert repeats_a_short_period(list(range(16)) + [5, 9, 4] * 6)  # an answer that turned into a loop
-    assert not repeats_a_short_period([5] * 14)  # too short to tell a loop from an answer
+    assert repeats_a_short_period([5] * 8) and repeats_a_short_period([5, 9] * 4)
+    assert repeats_a_short_period(list(range(24)) + [5, 9, 4] * 3)  # an answer that turned into a loop
+    assert repeats_a_short_period(list(range(20)) + list(range(8)) * 2)  # the longest period, twice
+    assert not repeats_a_short_period([5] * 7)  # too short to tell a loop from an answer
     assert not repeats_a_short_period(list(range(32))) and not repeats_a_short_period([5] * 16 + [6])
     assert not repeats_a_short_period(list(range(9)) * 4)  # a period longer than a loop's
     outputs = {0: [13] * 32, 1: [7, 13] * 16, 2: list(range(32))}
