@@ -17,10 +17,9 @@ refill it joins instead of paying for one of its own), so where that wait would 
 rows are refilled now. A batch whose rows all end together never idles; one a speculating policy
 spread out refills its first free rows early rather than idle them until the next row ends long after.
 
-On a CPU a step's time grows less than in proportion to its rows (a forward's fixed cost: the demo
-target at batch 16 took 6.0 ms a step, at batch 8 4.6 ms), so pricing a drained batch's free rows at
-their share of the step overstates them; it compacts sooner than it needs to, which the ski rental
-bounds.
+A step's time grows less than in proportion to its rows (a forward's fixed cost is a large share of a
+small batch's step), so pricing a drained batch's free rows at their share of the step overstates
+them: it compacts sooner than it needs to, by at most the price of one compaction.
 """
 
 from __future__ import annotations
