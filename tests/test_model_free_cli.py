@@ -18,7 +18,9 @@ LINES = [
     {
         "id": f"r{i}",
         "prompt": "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\ndef add(a, b):\n",
-        "max_tokens": 12 + i,
+        # long enough for the tiny target's greedy rows to repeat themselves, which prompt lookup then
+        # offers: the hybrid's first lookups must be found, not be the luck of a step or two
+        "max_tokens": 24 + i,
         "temperature": t,
         "seed": 7 + i,
     }
