@@ -175,7 +175,7 @@ class SpeculativeEngine:
     # -- the request loop ---------------------------------------------------------------------------
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         started = time.perf_counter()
-        waiting = _Waiting(requests)
+        waiting = iter(requests)
         exhausted = False
         try:
             with torch.inference_mode(), ExitStack() as caches:
@@ -226,15 +226,15 @@ class SpeculativeEngine:
         return caches.enter_context(lease_cache(self.target_lm.model, self.target_lm.num_layers))
 
     def _take(
-        self, waiting: _Waiting, batch: BatchState
+        self, waiting: Iterator[GenerationRequest], batch: BatchState
     ) -> tuple[list[GenerationRequest], list[GenerationResult], bool]:
         """Up to the batch's free rows of valid requests, the failures of invalid ones, and whether the
-        requests ran out (read one ahead: a batch that took the last request drops rows as they end)."""
+        requests ran out."""
         free = self.config.batch_size - batch.num_live()
         admitted: list[GenerationRequest] = []
         failures: list[GenerationResult] = []
         while len(admitted) < free:
-            request = waiting.next()
+            request = next(waiting, None)
             if request is None:
                 return admitted, failures, True
             request = self._with_start_token(request)
@@ -243,7 +243,7 @@ class SpeculativeEngine:
                 failures.append(GenerationResult.failed(request.key, problem, len(request.prompt_token_ids)))
             else:
                 admitted.append(request)
-        return admitted, failures, waiting.empty
+        return admitted, failures, False
 
     def _with_start_token(self, request: GenerationRequest) -> GenerationRequest:
         if request.prompt_token_ids or self._start_token_id is None:
@@ -664,24 +664,6 @@ class SpeculativeEngine:
             stats.add_time(f"draft@{rows}", t_draft, count=k)
         stats.add_time(f"target:{k + 1}@{rows}", t_target)
         stats.add_time(f"step:{k}@{rows}", t_step)
-
-
-class _Waiting:
-    """The requests not yet taken, read one ahead so that taking the last one is known at once."""
-
-    def __init__(self, requests: Iterable[GenerationRequest]) -> None:
-        self._requests = iter(requests)
-        self._ahead = next(self._requests, None)
-
-    @property
-    def empty(self) -> bool:
-        return self._ahead is None
-
-    def next(self) -> GenerationRequest | None:
-        request = self._ahead
-        if request is not None:
-            self._ahead = next(self._requests, None)
-        return request
 
 
 @dataclass(frozen=True)
