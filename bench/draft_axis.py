@@ -178,8 +178,8 @@ def run_draft_axis(
 
 
 def _without_loops(target, tokenizer, requests: list[GenerationRequest], batch_size: int) -> list[GenerationRequest]:
-    """The requests whose target-only greedy completion does not repeat a short period, decided by one
-    untimed pass: on a weak model's loops every proposer predicts the loop, so acceptance there measures
+    """The requests whose target-only greedy completion does not end in a loop (`repeats_a_short_period`),
+    decided by one untimed pass: on a weak model's loops every proposer predicts the loop, so acceptance there measures
     the loop, not the workload (the demo pair loops on most grounded prompts)."""
     greedy = [
         GenerationRequest(r.key, r.prompt_token_ids, SamplingParams(max_tokens=r.params.max_tokens, temperature=0.0))
@@ -230,8 +230,9 @@ def repeats_a_short_period(tokens: list[int]) -> bool:
     model's loop: newline after newline, an argument over and over). Every proposer predicts such a
     completion, so acceptance on it measures the loop."""
     for period in range(1, _MAX_LOOP_PERIOD + 1):
-        tail = tokens[-max(_MIN_LOOP_TOKENS, 2 * period) :]
-        if len(tail) >= max(_MIN_LOOP_TOKENS, 2 * period) and tail[period:] == tail[:-period]:
+        length = max(_MIN_LOOP_TOKENS, 2 * period)
+        tail = tokens[-length:]
+        if len(tail) == length and tail[period:] == tail[:-period]:
             return True
     return False
 
