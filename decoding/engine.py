@@ -208,6 +208,8 @@ class SpeculativeEngine:
         """Whether to refill the batch's free rows now (decoding/idle_rows.py): several to a prefill, since
         rows ending on different steps (per-row acceptance) refilled one or two at a time would each pay
         a forward's fixed cost."""
+        if batch.num_live() == self.config.batch_size:  # every step of a full batch: ask nothing more
+            return False
         live = batch.live_rows()
         tokens_left = np.minimum(
             batch.max_tokens_h[live] - batch.generated_h[live], self.max_context - batch.seq_h[live]
