@@ -5,7 +5,10 @@
 
 The engines of `specq bench --workloads` (bench/draft_axis.py: the demo pair, greedy, the contender's
 default K), one warm-up pass, then `--passes` timed passes sharing the warm-up's policy, each with an
-empty suffix index, in turns with target-only's. First, where each pass's time went: prefill, the
+empty suffix index, in turns with target-only's and with the contender's engine never speculating
+("resting": its policy never asks for offers, so every step is plain, as between a resting policy's
+probes). Resting against target-only is what the policy's off switch costs: the proposer's
+bookkeeping on a batch that does not speculate. First, where each pass's time went: prefill, the
 decode steps (what the policy times) and the rest (admission, finishing, feeding the index), with the
 admissions it ran (its first and each refill) and its idle row-steps (each step's free rows). Then,
 for each k chosen at the full batch: the steps that took it; the tokens a row the policy expected of
@@ -28,6 +31,13 @@ import numpy as np
 from specq.decoding.k_policy import SpeculationPolicy, _draft_depth
 
 
+class RestingPolicy(SpeculationPolicy):
+    """The engine's policy resting on every step: no offers, no speculation."""
+
+    def wants_offers(self, rows: int) -> bool:
+        return False
+
+
 class TracingPolicy(SpeculationPolicy):
     """The engine's policy, keeping for each step what it expected at its choice and what happened."""
 
@@ -36,8 +46,8 @@ class TracingPolicy(SpeculationPolicy):
         self.steps_seen: list[dict[str, Any]] = []
         self._pending: dict[str, Any] = {}
 
-    def choose(self, rows, limit, offers=None, sources=None):
-        k = super().choose(rows, limit, offers, sources)
+    def choose(self, rows, limit, offers=None, sources=None, **kwargs):
+        k = super().choose(rows, limit, offers, sources, **kwargs)
         top = min(self.max_k, limit)
         live = rows if offers is None else offers.size
         if top > 0 and live:
@@ -109,10 +119,17 @@ def main() -> None:
     list(engine(policy).generate(requests[:rows]))
     list(plain_engine().generate(requests[:rows]))
     policy.steps_seen.clear()
-    passes: dict[str, list[tuple[float, ...]]] = {"target_only": [], args.contender: []}
+
+    def resting_engine() -> SpeculativeEngine:
+        return engine(RestingPolicy(probe.max_k, fixed=False))
+
+    list(resting_engine().generate(requests[:rows]))
+    resting = f"{args.contender}, resting"
+    makers = (("target_only", plain_engine), (args.contender, lambda: engine(policy)), (resting, resting_engine))
+    passes: dict[str, list[tuple[float, ...]]] = {name: [] for name, _ in makers}
     plain_steps: list[float] = []  # target-only's steps at the full batch, the reference for every k
     for _ in range(args.passes):  # in turns, as `specq bench` times them
-        for name, make in (("target_only", plain_engine), (args.contender, lambda: engine(policy))):
+        for name, make in makers:
             timed = make()
             refills, idle = _count_refills_and_idle_rows(timed)
             started = time.perf_counter()
@@ -127,20 +144,22 @@ def main() -> None:
                 plain_steps.append(stats.mean_seconds()[f"step:0@{rows}"])
     print(
         f"{args.contender} on {args.workload}, batch {rows}: {args.passes} passes each of {args.requests} requests"
-        f" of {args.max_tokens} tokens, in turns with target-only (medians; other = the pass less prefill and steps)"
+        f" of {args.max_tokens} tokens, in turns with target-only and the contender resting (medians; vs target-only:"
+        " of the rounds' ratios; other = the pass less prefill and steps)"
     )
     print(
-        "| contender | tokens/s of each pass | pass s | prefill s | steps s | other s | steps | admissions |"
-        " idle rows |"
+        "| contender | tokens/s of each pass | vs target-only | pass s | prefill s | steps s | other s | steps |"
+        " admissions | idle rows |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, runs in passes.items():
+        ratio = statistics.median(run[0] / plain[0] for run, plain in zip(runs, passes["target_only"], strict=True))
         seconds, prefill, stepping, count, admissions, idle_rows = (
             statistics.median(run[i] for run in runs) for i in range(1, 7)
         )
         other = statistics.median(run[1] - run[2] - run[3] for run in runs)
         print(
-            f"| {name} | {', '.join(f'{run[0]:.1f}' for run in runs)} | {seconds:.3f} | {prefill:.3f} | "
+            f"| {name} | {', '.join(f'{run[0]:.1f}' for run in runs)} | {ratio:.3f}x | {seconds:.3f} | {prefill:.3f} | "
             f"{stepping:.3f} | {other:.3f} | {count:.0f} | {admissions:.0f} | {idle_rows:.0f} |"
         )
     print()
