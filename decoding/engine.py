@@ -414,12 +414,7 @@ class SpeculativeEngine:
         offers = offer.lengths[live]  # [live]
         top = int(offers.max())
         # no row has anything to offer (no match anywhere): a plain step, and no time measured for the policy
-        if top == 0:
-            self.policy.offered_nothing()
-            return 0, num_draft_h, offer.sources
-        left = row_limits[live]  # [live]
-        together = int(left[0]) + 1 if live.size > 1 and (left == left[0]).all() else 0
-        k = self.policy.choose(batch.rows, top, offers, offer.sources[live], steps_together=together)
+        k = self.policy.choose(batch.rows, top, offers, offer.sources[live]) if top > 0 else 0
         if k:
             num_draft_h[live] = np.minimum(offers, k)
             k = int(num_draft_h.max())

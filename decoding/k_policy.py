@@ -43,17 +43,6 @@ asking the proposer for offers (`wants_offers`), so prompt lookups and suffix-in
 cent of a compute-bound batch's step, are not paid where they are not used. For the same reason the
 offers' measured time is charged to speculating only: choosing k = 0 stops paying it.
 
-Rows that would all end on the same step (a batch admitted together, every row wanting as many more
-tokens) are kept in step unless speculating pays for spreading them: once a step accepts more for
-some rows than for others, their ends spread, and the rows that end first idle or are refilled by
-prefills of a few rows each. On a compute-bound batch, where a model-free proposer's few matches pay a
-few per cent on the steps that take them, that cost more than they saved (the suffix index on the
-continuation workload at 16 rows: 0.92x target-only, 1.00x kept in step). So in such a batch a
-speculative choice stands only where the gain the policy's choices promised lately (their mean
-over the last `_GAIN_WINDOW` steps, plain ones at 1), over the steps the rows have left, saves
-`_SPREAD_COST` plain steps; the choice still counts towards that mean, and the policy does not rest
-for it, so where a proposer starts to pay, the batch starts to speculate.
-
 Rows need not offer the same number of draft tokens: a model-free proposer offers, per row, only what
 its match supports (none without a match). The verify pass is as wide as the widest row, so k then
 maximises the batch's goodput, sum over rows of E[tokens of row r](min(k, offer_r)) / step time(k),
@@ -101,15 +90,6 @@ _FULL_PROBE_REACH = 0.75
 # it could not pay, and probes of one token, spaced ever wider, took most of a 1,000-step job (16
 # prompts at batch 1) to learn otherwise. A probe of K tokens at batch 1 costs about two plain steps.
 _SETTLED_DRAFT_TOKENS = 16
-# What rows that would have ended together cost once speculation spreads their ends, in plain steps of
-# the batch: the rows that end first idle or are refilled by prefills of a few rows each, whose fixed
-# cost they share with fewer rows (decoding/idle_rows.py). On the 2-core CPU (16 rows of the demo pair,
-# continuation requests of 32 tokens) the suffix contender's passes took about 3.4 plain steps a batch
-# of rows longer than its resting passes, beyond what its speculative steps saved; other values
-# measured: docs/benchmarks.md.
-_SPREAD_COST = 3.0
-_GAIN_WINDOW = 64  # steps whose mean expected gain says what speculating promises lately
-_MIN_GAINS = 16  # ... once at least this many have been weighed
 
 
 class _Timing:
@@ -208,7 +188,6 @@ class SpeculationPolicy:
         self._probes = 0
         self._best_at_last_probe: int | None = None
         self._resting_at: int | None = None  # the row count whose last choice was k = 0, until a probe
-        self._gains: deque[float] = deque(maxlen=_GAIN_WINDOW)  # each step's choice over a plain step, expected
         # what the hybrid and `choose` ask several times a step, kept until the next observation
         self._expected_tokens: dict[int, np.ndarray] = {}  # source -> expected_tokens_by_length
         self._step_times: dict[tuple[int, int], np.ndarray] = {}  # (rows, top) -> step_time_table
@@ -339,62 +318,26 @@ class SpeculationPolicy:
 
     def rest(self) -> None:
         self.steps += 1
-        self._gains.append(1.0)
 
-    def choose(
-        self,
-        rows: int,
-        limit: int,
-        offers: np.ndarray | None = None,
-        sources: np.ndarray | None = None,
-        *,
-        steps_together: int = 0,
-    ) -> int:
+    def choose(self, rows: int, limit: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None) -> int:
         """The k for the next step of a batch of `rows`; `limit` caps it (context, tokens left). `offers`:
         [live] draft tokens each live row could take (None: `limit` each), from proposer `sources`
-        [live] (None: all the draft model). `steps_together`: the plain steps left to a batch whose live
-        rows would all end on the same one (0: they would not)."""
-        k, rates = self._choose(rows, limit, offers, sources)
-        if rates is None:  # fixed, or warming up: nothing to weigh
-            return k
-        if rates[0] > 0 and rates[k] > 0:
-            self._gains.append(float(rates[k] / rates[0]))
-        if k and steps_together and not self._spreading_pays(steps_together):
-            return 0
-        return k
-
-    def offered_nothing(self) -> None:
-        """A step on which no row had anything to offer: plain, without a choice."""
-        self._gains.append(1.0)
-
-    def _spreading_pays(self, steps_left: int) -> bool:
-        """Whether to speculate in a batch whose rows end together `steps_left` plain steps from now: what
-        speculating has promised lately (the mean gain of the last steps' choices, plain ones at 1) must
-        save, over those steps, the `_SPREAD_COST` that rows ending apart cost."""
-        if len(self._gains) < _MIN_GAINS:
-            return True
-        gain = statistics.fmean(self._gains)
-        return gain > 1.0 and steps_left * (1.0 - 1.0 / gain) >= _SPREAD_COST
-
-    def _choose(
-        self, rows: int, limit: int, offers: np.ndarray | None, sources: np.ndarray | None
-    ) -> tuple[int, np.ndarray | None]:
-        """`choose` before keeping rows in step, and the rates it weighed (None: none weighed)."""
+        [live] (None: all the draft model)."""
         self.steps += 1
         top = min(self.max_k, limit)
         if self.fixed or top <= 0:
-            return max(top, 0), None
+            return max(top, 0)
         # Warm-up: measure the two ends first, so every k in between has an interpolated cost (later
         # row counts borrow the curve's shape); and the draft model's forward once it is to run.
         if not any(len(_measured(widths)) >= 2 for widths in self.t_target.values()):
-            return (0 if top + 1 in _measured(self.t_target.get(rows, {})) else top), None
+            return 0 if top + 1 in _measured(self.t_target.get(rows, {})) else top
         if _draft_depth(offers, sources) != 0 and not self._measured_drafts():  # the draft model runs
-            return top, None
+            return top
         rates = self.rates(rows, top, offers, sources)
         best = _best_k(rates)
         self._resting_at = rows if best == 0 else None
         if self.steps < self._next_probe:
-            return best, rates
+            return best
         self._probes += 1
         unsettled = _draft_depth(offers, sources) != 0 and self._curve_of(0).measured() < _SETTLED_DRAFT_TOKENS
         unchanged = best == self._best_at_last_probe and not unsettled
@@ -404,9 +347,9 @@ class SpeculationPolicy:
         )
         self._next_probe = self.steps + self._probe_gap
         if unsettled or (self._probes % 4 == 0 and rates[top] >= _FULL_PROBE_REACH * rates[best]):
-            return top, rates
+            return top
         # Alternate probing above and below the current best.
-        return (min(best + 1, top) if self._probes % 2 == 0 or best == 0 else best - 1), rates
+        return min(best + 1, top) if self._probes % 2 == 0 or best == 0 else best - 1
 
     def best(
         self, rows: int, top: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None

@@ -92,7 +92,7 @@ def test_rows_the_draft_model_skipped_are_read_as_a_prefill_then_drafted_as_usua
     from specq.decoding.k_policy import SpeculationPolicy
 
     class EverySixthStep(SpeculationPolicy):  # rests five steps, then speculates: rows fall 5 tokens behind
-        def choose(self, rows, limit, offers=None, sources=None, **kwargs):
+        def choose(self, rows, limit, offers=None, sources=None):
             self.steps += 1
             return min(3, limit) if self.steps % 6 == 0 else 0
 

@@ -207,33 +207,6 @@ def test_after_choosing_no_speculation_it_rests_without_offers_until_the_next_pr
     assert SpeculationPolicy(4, fixed=True).wants_offers(16)
 
 
-def test_rows_that_end_together_are_spread_only_where_their_steps_left_repay_it():
-    # speculation pays well (flat verification, high acceptance): the rows of a batch that would end
-    # together are spread where many steps are left, not where too few are to repay the spread
-    policy = SpeculationPolicy(4, fixed=False)
-    _drive(policy, rows=16, t_draft=0.001, t_target=lambda n: 0.010, acceptance=0.8)
-    assert policy.choose(16, 4) > 0
-    assert policy.choose(16, 4, steps_together=1) == 0  # one plain step cannot save three
-    assert policy.wants_offers(16)  # kept in step, not resting: the next step weighs its offers again
-    assert policy.choose(16, 4, steps_together=200) > 0
-
-
-def test_a_proposer_that_seldom_pays_keeps_rows_in_step():
-    # the suffix index on plain continuation: most steps have nothing to offer, and the odd match that
-    # pays on its step is not worth spreading rows that would end together
-    policy = SpeculationPolicy(8, fixed=False)
-    _drive(policy, rows=16, t_draft=0.001, t_target=lambda n: 0.010, acceptance=0.9)
-    for _ in range(64):
-        policy.offered_nothing()
-    one_match = np.array([8] + [0] * 15)
-    looked_up = np.full(16, 1)  # prompt lookup's proposals
-    assert policy.choose(16, 8, one_match, looked_up) > 0  # it pays on this step
-    assert policy.choose(16, 8, one_match, looked_up, steps_together=31) == 0
-    for _ in range(64):  # matches on every step: spreading the rows pays
-        assert policy.choose(16, 8, np.full(16, 8), looked_up) > 0
-    assert policy.choose(16, 8, one_match, looked_up, steps_together=31) > 0
-
-
 def test_the_offers_time_is_charged_to_speculating_only():
     # verification is flat and cheap; the offers (a suffix-index walk) cost as much as a verify: a plain
     # step does not make them, so speculation must earn them back
