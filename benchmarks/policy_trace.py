@@ -46,8 +46,8 @@ class TracingPolicy(SpeculationPolicy):
         self.steps_seen: list[dict[str, Any]] = []
         self._pending: dict[str, Any] = {}
 
-    def choose(self, rows, limit, offers=None, sources=None, **kwargs):
-        k = super().choose(rows, limit, offers, sources, **kwargs)
+    def choose(self, rows, limit, offers=None, sources=None):
+        k = super().choose(rows, limit, offers, sources)
         top = min(self.max_k, limit)
         live = rows if offers is None else offers.size
         if top > 0 and live:
