@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from tests.policy_timing import modelled_step_times
 from tests.tiny_models import BOS, IdTokenizer, RepeatLastToken, noisy_copy, reference_greedy, tiny_llama, with_proposer
 
 
@@ -65,12 +66,13 @@ def test_greedy_with_adaptive_k_equals_target_greedy(target, draft, prompts):
         assert results[i].token_ids == reference_greedy(target, prompt, 24)
 
 
-def test_the_draft_model_reads_a_prompt_only_when_it_first_drafts_for_it(target, draft, prompts):
+def test_the_draft_model_reads_a_prompt_only_when_it_first_drafts_for_it(target, draft, prompts, monkeypatch):
     from specq.decoding.k_policy import SpeculationPolicy
 
     # verification costs its width at every row count, so the policy never speculates after its first
     # choice (no probes): the draft model must never have run, not even to prefill the prompts
     policy = SpeculationPolicy(4, fixed=False, probe_interval=10**9)
+    modelled_step_times(monkeypatch, policy, lambda rows, width: 0.010 * width, t_draft_forward=0.001)
     for rows in range(1, 5):
         for width in range(1, 6):
             for _ in range(3):

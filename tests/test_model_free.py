@@ -26,6 +26,7 @@ from specq.decoding.prompt_lookup import RowLookup
 from specq.decoding.proposer import Offer
 from specq.decoding.stats import DRAFT_MODEL, NGRAM, SUFFIX
 from specq.decoding.suffix_index import SuffixIndex
+from tests.policy_timing import modelled_step_times
 from tests.test_lossless import _exact_joint, _keeps_rejected_drafts, _pvalue, _sampled_joint, lossless_pair
 from tests.test_reproducible import _position_blind_noise
 from tests.tiny_models import IdTokenizer, reference_greedy
@@ -224,6 +225,7 @@ def test_a_resting_policy_makes_the_engine_skip_the_offers(target, monkeypatch):
     # verification costs its width at every row count: after the first choice the policy rests, and
     # the engine asks the proposer for offers only at the policy's probes; the tokens do not change
     policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    modelled_step_times(monkeypatch, policy, lambda rows, width: 0.010 * width)
     for rows in range(1, 9):
         for width in range(1, 6):
             for _ in range(3):
