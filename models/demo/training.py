@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
+_LOG_EVERY_S = 10.0
 
 EOT = "<|endoftext|>"
 
@@ -333,6 +334,7 @@ def train_models(
     ) -> None:
         """`learner` learns the data; `follower` learns the logits of `learner` (or of a frozen `teacher`)."""
         loss = follow_loss = float("nan")
+        stage_started = logged_at = time.perf_counter()
         for step in range(steps):
             inputs, labels = next(batches)
             if learner is not None:
@@ -343,10 +345,22 @@ def train_models(
                     teacher_logits = teacher(inputs).logits  # [batch, seq, vocab]
             if follower is not None:
                 follow_loss = follower.distill_step(inputs, labels, teacher_logits, recipe.draft_ce_weight)
-            if step % 25 == 0 or step == steps - 1:
+            now = time.perf_counter()
+            # a line at least every 10 s (a busy machine runs a step in seconds), each with the stage's ETA
+            if step == 0 or step == steps - 1 or now - logged_at >= _LOG_EVERY_S:
+                logged_at = now
                 losses = {"loss": loss, "draft KL": follow_loss}
                 shown = ", ".join(f"{name} {value:.3f}" for name, value in losses.items() if not math.isnan(value))
-                logger.info("%s step %s/%s: %s (%.0fs)", stage, step + 1, steps, shown, time.perf_counter() - started)
+                left_s = (now - stage_started) / (step + 1) * (steps - step - 1)
+                logger.info(
+                    "%s step %s/%s: %s (%.0fs in; the stage ends in about %.0fs)",
+                    stage,
+                    step + 1,
+                    steps,
+                    shown,
+                    now - started,
+                    left_s,
+                )
         # Only the numbers a stage has: NaN is not JSON.
         stats[stage] = {"steps": steps, "seconds": round(time.perf_counter() - started, 1)}
         if not math.isnan(loss):
