@@ -23,8 +23,8 @@ Figures:
 - lost / duplicated: requests with no result / results beyond one per request (the unique index makes
   the second impossible; it is counted anyway), and the job's counters checked against the rows.
 
-The drills restart the local Redis and PostgreSQL servers (`pg_ctlcluster`, `redis-server`, as on the
-CI machine): every other client of those servers sees the restart too.
+The drills restart Redis and PostgreSQL servers of their own (tests/private_servers.py: `redis-server` and
+`initdb`/`pg_ctl` on free ports, in a temporary folder), never the machine's.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from typing import Any
 # the tests' helpers, imported from the repository this script is in
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fleet_helpers import DRILL_ENV, restart_postgres, restart_redis, wait_for
+from tests.fleet_helpers import DRILL_ENV, wait_for
+from tests.private_servers import PrivatePostgres, PrivateRedis
 from tests.services import (
     PG_ADMIN_URL,
     SpecqWorker,
@@ -431,7 +432,10 @@ def drills(args: argparse.Namespace) -> None:
     from specq.queue import QueueSettings
 
     work = Path(tempfile.mkdtemp(prefix="specq_drills_"))
-    services = Services(args.pg_admin_url, args.redis_url)
+    private_redis, private_postgres = PrivateRedis(work / "redis"), PrivatePostgres()
+    private_redis.start()
+    private_postgres.start()
+    services = Services(private_postgres.admin_url, private_redis.url())
     target, draft = model_pair(args.models, work)
     path = work / "in.jsonl"
     write_input(path, args.requests)
@@ -458,11 +462,13 @@ def drills(args: argparse.Namespace) -> None:
             if "kill" in args.only:
                 kill_drill(args, services, env, fleet, work, start_job, results)
             if "redis" in args.only:
-                redis_drill(args, services, env, start_job, results)
+                redis_drill(args, services, env, start_job, results, private_redis.restart)
             if "postgres" in args.only:
-                postgres_drill(args, services, env, start_job, results)
+                postgres_drill(args, services, env, start_job, results, private_postgres.restart)
     finally:
         services.drop()
+        private_redis.stop()
+        private_postgres.remove()
         if args.keep:
             say(f"kept {work}")
         else:
@@ -514,7 +520,12 @@ def kill_drill(
 
 
 def redis_drill(
-    args: argparse.Namespace, services: Services, env: dict[str, str], start_job: Any, results: list[Drill]
+    args: argparse.Namespace,
+    services: Services,
+    env: dict[str, str],
+    start_job: Any,
+    results: list[Drill],
+    restart_redis: Callable[[], float],
 ) -> None:
     import redis
 
@@ -537,7 +548,12 @@ def redis_drill(
 
 
 def postgres_drill(
-    args: argparse.Namespace, services: Services, env: dict[str, str], start_job: Any, results: list[Drill]
+    args: argparse.Namespace,
+    services: Services,
+    env: dict[str, str],
+    start_job: Any,
+    results: list[Drill],
+    restart_postgres: Callable[[], float],
 ) -> None:
     def new_results(job_id: str) -> Callable[[], bool]:
         before = progress(env, job_id)[1]

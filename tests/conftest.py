@@ -6,7 +6,9 @@ time, then read from the cache). Session-scoped fixtures are set up before the f
 
 Storage and queue fixtures use the real services: a throwaway PostgreSQL database per test session
 (specq_test_<pid>, dropped at the end), Redis database 15 flushed around each test, real `specq worker`
-subprocesses. Nothing is mocked. The helpers tests call themselves are in tests/services.py.
+subprocesses. Nothing is mocked. The helpers tests call themselves are in tests/services.py. The drills that
+stop or restart a server get servers of their own (`private_redis`, `private_postgres`): the suite never
+stops, flushes or drops anything of the machine's servers that it did not create.
 """
 
 import os
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.private_servers import PrivatePostgres, PrivateRedis
 from tests.services import (
     PG_ADMIN_URL,
     REDIS_TEST_URL,
@@ -21,6 +24,7 @@ from tests.services import (
     create_database,
     drop_database,
     empty_database,
+    flush_redis,
     flushed_redis,
 )
 
@@ -93,11 +97,11 @@ def any_db_url(request, tmp_path):
 
 @pytest.fixture
 def redis_url():
-    """Redis database 15, flushed before and after the test; skipped when no server answers."""
-    client = flushed_redis(REDIS_TEST_URL)
+    """Redis database 15 (SPECQ_TEST_REDIS_URL), emptied before and after the test (tests/services.py
+    flush_redis: never a database holding keys the suite did not write); skipped when no server answers."""
+    flushed_redis(REDIS_TEST_URL).close()
     yield REDIS_TEST_URL
-    client.flushdb()
-    client.close()
+    flush_redis(REDIS_TEST_URL).close()
 
 
 @pytest.fixture(scope="session")
@@ -133,3 +137,72 @@ def start_worker(tmp_path):
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture(scope="session")
+def private_redis(tmp_path_factory):
+    """A Redis server of the session's own (tests/private_servers.py), for drills that restart it."""
+    try:
+        server = PrivateRedis(tmp_path_factory.mktemp("private_redis"))
+    except FileNotFoundError as exc:
+        pytest.skip(f"no private Redis: {exc}")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def private_postgres():
+    """A PostgreSQL cluster of the session's own (tests/private_servers.py), for drills that stop it."""
+    try:
+        server = PrivatePostgres()
+    except FileNotFoundError as exc:
+        pytest.skip(f"no private PostgreSQL: {exc}")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def private_db_url(private_postgres):
+    """A new database on the private PostgreSQL for this test, dropped after it."""
+    url = create_database("specq_drill", private_postgres.admin_url)
+    yield url
+    if private_postgres.up():
+        drop_database("specq_drill", private_postgres.admin_url)
+
+
+# -- a progress line with an ETA every half minute: the suite takes minutes, more on a busy machine ------
+_PROGRESS_EVERY_S = 30.0
+_progress: dict = {}
+
+
+def pytest_collection_finish(session):
+    import time
+
+    _progress.update(
+        reporter=session.config.pluginmanager.get_plugin("terminalreporter"),
+        total=len(session.items),
+        done=0,
+        started=time.monotonic(),
+        shown=time.monotonic(),
+    )
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    import time
+
+    if not _progress.get("reporter") or not _progress["total"]:
+        return
+    _progress["done"] += 1
+    now = time.monotonic()
+    if now - _progress["shown"] < _PROGRESS_EVERY_S or _progress["done"] == _progress["total"]:
+        return
+    _progress["shown"] = now
+    done, total, elapsed = _progress["done"], _progress["total"], now - _progress["started"]
+    left = elapsed / done * (total - done)
+    reporter = _progress["reporter"]
+    reporter.write("\n")  # -q leaves the line of dots open
+    reporter.write_line(f"-- {done} of {total} tests, {elapsed / 60:.1f} min in; about {left / 60:.1f} min left")

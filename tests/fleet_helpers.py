@@ -1,50 +1,35 @@
-"""Helpers of the fleet, recovery and hardening tests (and of benchmarks/load_run.py's drills): restart the
-real services, wait for things.
-
-Both services are always left running, even when a restart fails half way (the start runs in a
-`finally`). Redis keeps nothing on disk here, so a restart drops every key of every database: exactly
-the loss the drills recover from.
+"""Helpers of the fleet, recovery and hardening tests (and of benchmarks/load_run.py's drills): short
+timings, waits, freezing a worker. The drills that restart a server restart one of their own
+(tests/private_servers.py), never the machine's.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import psycopg
-import redis
-
-from tests.services import PG_ADMIN_URL
-
-REDIS_START = [
-    "redis-server",
-    "--daemonize",
-    "yes",
-    "--bind",
-    "127.0.0.1",
-    "-::1",
-    "--port",
-    "6379",
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--dir",
-    "/var/lib/redis",
-    "--logfile",
-    "/var/log/redis/ci.log",
-]
 # short timings: a dead worker's leases expire in 3 s, sweepers run every second
 DRILL_ENV = {"SPECQ_HEARTBEAT_S": "0.5", "SPECQ_LEASE_S": "3", "SPECQ_SWEEP_S": "1"}
 
 
+# The least a wait waits before it calls a hang. A wait returns as soon as its condition holds, so this
+# costs nothing when things work; it only keeps a 2-core machine that other work slows ten times over
+# from failing a test that an idle one passes. The timeouts that callers give say how long the thing
+# takes on an idle machine.
+MIN_PATIENCE_S = 300.0
+
+
+def patience(seconds: float) -> float:
+    """How long to wait for what takes `seconds` on an idle machine before calling it a hang."""
+    return max(seconds, MIN_PATIENCE_S)
+
+
 def wait_for(check: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
-    """Poll `check()` until it returns something truthy; AssertionError naming `what` after `timeout`."""
+    """Poll `check()` until it returns something truthy; AssertionError naming `what` once it has not for
+    `patience(timeout)` seconds."""
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -53,86 +38,6 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, poll: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(poll)
-
-
-def redis_up() -> bool:
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
-def restart_redis(down_s: float = 0.5) -> float:
-    """Stop Redis (nothing saved: every queued message is gone) and start it again; the seconds it was
-    down."""
-    down = time.monotonic()
-    try:
-        subprocess.run(["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"], capture_output=True, timeout=30)
-        wait_for(lambda: not redis_up(), 10, "Redis to stop")
-        down = time.monotonic()
-        time.sleep(down_s)
-    finally:
-        if not redis_up():
-            Path("/var/log/redis").mkdir(parents=True, exist_ok=True)
-            Path("/var/lib/redis").mkdir(parents=True, exist_ok=True)
-            subprocess.run(REDIS_START, check=True, capture_output=True, timeout=30)
-        wait_for(redis_up, 30, "Redis to start", poll=0.05)
-    return time.monotonic() - down
-
-
-def postgres_up() -> bool:
-    try:
-        with psycopg.connect(PG_ADMIN_URL, connect_timeout=1) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.OperationalError:
-        return False
-
-
-def _pg_ctl(action: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=False,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-@contextmanager
-def postgres_stopped() -> Iterator[None]:
-    """PostgreSQL stopped (fast shutdown: every connection is cut) for the block, started again after it
-    whatever happens."""
-    try:
-        _pg_ctl("stop")
-        wait_for(lambda: not postgres_up(), 30, "PostgreSQL to stop")
-        yield
-    finally:
-        if not postgres_up():
-            _pg_ctl("start")
-        wait_for(postgres_up, 60, "PostgreSQL to start")
-
-
-def restart_postgres(down_s: float = 1.0) -> float:
-    """Stop PostgreSQL (fast shutdown: every connection is cut), wait `down_s`, start it again; the
-    seconds it was down."""
-    down = time.monotonic()
-    try:
-        _pg_ctl("stop")
-        wait_for(lambda: not postgres_up(), 30, "PostgreSQL to stop")
-        down = time.monotonic()
-        time.sleep(down_s)
-    finally:
-        if not postgres_up():
-            _pg_ctl("start")
-        wait_for(postgres_up, 60, "PostgreSQL to start")
-    return time.monotonic() - down
 
 
 def pid_alive(pid: int) -> bool:

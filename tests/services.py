@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fleet_helpers import patience
+
 PG_ADMIN_URL = os.environ.get("SPECQ_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_TEST_URL = os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 _TABLES = ("results", "batches", "requests", "workers", "jobs")
@@ -61,23 +63,44 @@ def drop_database(name, admin_url=PG_ADMIN_URL):
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# Written into every Redis database the suite empties: a database that holds keys but not this one is
+# somebody else's, and the suite refuses to flush it.
+REDIS_OWNER_KEY = "specq-test-suite:owned"
+
+
+class ForeignRedisData(RuntimeError):
+    """The Redis database the suite was pointed at holds keys the suite did not write."""
+
+
 def flush_redis(url=REDIS_TEST_URL):
-    """A client of the Redis database at `url`, flushed; redis.RedisError when no server answers."""
+    """A client of the Redis database at `url`, emptied, with the suite's ownership mark in it;
+    redis.RedisError when no server answers, ForeignRedisData (nothing touched) when the database holds
+    keys the suite did not write."""
     import redis
 
     client = redis.Redis.from_url(url, socket_connect_timeout=3)
+    if client.dbsize() and not client.exists(REDIS_OWNER_KEY):
+        client.close()
+        raise ForeignRedisData(
+            f"the Redis database at {url} holds keys that the test suite did not write: it is left as it is. "
+            "Point SPECQ_TEST_REDIS_URL at an empty database (e.g. redis://127.0.0.1:6379/13)"
+        )
     client.flushdb()
+    client.set(REDIS_OWNER_KEY, "1")
     return client
 
 
 def flushed_redis(url=REDIS_TEST_URL):
-    """A client of the Redis database at `url`, flushed; the test is skipped when no server answers."""
+    """A client of the Redis database at `url`, emptied (see flush_redis); the test is skipped when no
+    server answers, and fails when the database is somebody else's."""
     import redis
 
     try:
         return flush_redis(url)
     except redis.RedisError as exc:
         pytest.skip(f"no Redis at {url}: {exc}")
+    except ForeignRedisData as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def write_requests(path, lines):
@@ -102,6 +125,7 @@ class SpecqWorker:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout=60.0):
+        timeout = patience(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -178,6 +202,7 @@ def job_status(env, job_id):
 
 def wait_state(env, job_id, states, timeout=90.0):
     """Poll `specq status` until the job is in one of `states`; its status."""
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     while True:
         info = job_status(env, job_id)

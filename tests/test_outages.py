@@ -1,5 +1,6 @@
-"""Waiting and polling commands ride out database and broker restarts (issue 14, item 11), on the real
-services: PostgreSQL stopped and started again, Redis restarted (nothing saved), real `specq` processes.
+"""Waiting and polling commands ride out database and broker restarts (issue 14, item 11), on real servers
+of the test's own (tests/private_servers.py): PostgreSQL stopped and started again, Redis restarted
+(nothing saved), real `specq` processes.
 
 - `submit --wait` sees its job through a Redis restart and then a PostgreSQL restart: one warning line,
   then the normal summary, exit 0; every request has exactly one result;
@@ -20,7 +21,7 @@ from sqlalchemy import func, select
 
 from specq.db.models import Job, Request, Result
 from specq.db.session import open_database
-from tests.fleet_helpers import DRILL_ENV, postgres_stopped, restart_redis, wait_for
+from tests.fleet_helpers import DRILL_ENV, wait_for
 from tests.services import invoke, services_env, submit_job, write_requests
 
 WARNING = "warning: the database is unreachable"
@@ -57,15 +58,17 @@ class Specq:
         return sum(WARNING in line for line in self.stderr().splitlines())
 
 
-def test_waits_and_polls_ride_out_postgres_and_redis_restarts(pg_db_url, redis_url, tiny_pair, start_worker, tmp_path):
-    env = services_env(pg_db_url, redis_url, tmp_path / "home", **DRILL_ENV)
+def test_waits_and_polls_ride_out_postgres_and_redis_restarts(
+    private_db_url, private_postgres, private_redis, tiny_pair, start_worker, tmp_path
+):
+    env = services_env(private_db_url, private_redis.url(), tmp_path / "home", **DRILL_ENV)
     start_worker(env)
     small = write_requests(tmp_path / "small.jsonl", [{"id": "s", "prompt": "def f(x):", "max_tokens": 4}])
     exported_job = submit_job(env, small, "--target", tiny_pair[0], "--wait")
     lines = [{"id": f"r{i}", "prompt": f"def f{i}(x):", "max_tokens": 32, "temperature": 0} for i in range(48)]
     path = write_requests(tmp_path / "in.jsonl", lines)
     waiting = Specq(["submit", path, "--target", tiny_pair[0], "--batch-size", "1", "--wait"], env, tmp_path / "w.err")
-    db = open_database(pg_db_url)
+    db = open_database(private_db_url)
 
     def running_job() -> str | None:
         with db.session() as session:
@@ -74,9 +77,9 @@ def test_waits_and_polls_ride_out_postgres_and_redis_restarts(pg_db_url, redis_u
 
     try:
         job_id = wait_for(running_job, 60, "the job to be under way", poll=0.05)
-        restart_redis()  # every queued message lost mid-wait: the workers' sweepers enqueue them again
+        private_redis.restart()  # every queued message lost mid-wait: the workers' sweepers enqueue them again
         out = tmp_path / "out.jsonl"
-        with postgres_stopped():
+        with private_postgres.stopped():
             polls = {
                 "status": Specq(["status", job_id, "--json"], env, tmp_path / "status.err"),
                 "workers": Specq(["workers", "--json"], env, tmp_path / "workers.err"),

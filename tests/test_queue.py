@@ -27,6 +27,7 @@ from tests.services import (
     SpecqWorker,
     count_rows,
     empty_database,
+    flush_redis,
     flushed_redis,
     invoke,
     job_status,
@@ -61,14 +62,14 @@ LINES: list[dict[str, Any]] = [PLAIN, CHAT, OPENAI_COMPLETION, TOO_LONG, SAMPLED
 def env(pg_url, tmp_path_factory):
     """This module's services, emptied once, and one worker serving them for every test."""
     empty_database(pg_url)
-    client = flushed_redis(REDIS_TEST_URL)
+    flushed_redis(REDIS_TEST_URL).close()
     home = tmp_path_factory.mktemp("queue_home")
     environment = services_env(pg_url, REDIS_TEST_URL, home)
     worker = SpecqWorker(environment, home / "worker.log", metrics_port=METRICS_PORT).wait_ready()
     yield environment
     assert worker.stop() == 0, worker.output()
     assert "Traceback" not in worker.output(), worker.output()
-    client.flushdb()
+    flush_redis(REDIS_TEST_URL).close()
 
 
 def submit(env, tmp_path: Path, lines: list, *args: str) -> tuple[str, CliResult]:

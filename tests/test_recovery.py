@@ -1,4 +1,5 @@
-"""Failure drills against the real services and real `specq worker` processes.
+"""Failure drills against real servers of the tests' own (tests/private_servers.py: the drills restart
+them) and real `specq worker` processes.
 
 Two workers serve a module-scoped database with short lease, heartbeat and sweep timings (3 s, 0.5 s,
 1 s), so each drill takes seconds. In each, a job is under way when something breaks; every drill
@@ -25,12 +26,10 @@ from sqlalchemy import func, select
 
 from specq.db.models import Job, Request, Result
 from specq.db.session import open_database
-from tests.fleet_helpers import DRILL_ENV, freeze_a_worker_mid_chunk, restart_postgres, restart_redis, wait_for
+from tests.fleet_helpers import DRILL_ENV, freeze_a_worker_mid_chunk, wait_for
 from tests.services import (
-    REDIS_TEST_URL,
     SpecqWorker,
-    empty_database,
-    flushed_redis,
+    create_database,
     invoke,
     job_status,
     request_states,
@@ -45,12 +44,14 @@ MAX_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def fleet(pg_url, tmp_path_factory):
-    """This module's services, emptied once, and two workers with short timings."""
-    empty_database(pg_url)
-    client = flushed_redis(REDIS_TEST_URL)
+def fleet(private_postgres, private_redis, tmp_path_factory):
+    """A database and a Redis of this module's own (the drills restart both servers), and two workers
+    with short timings."""
+    db_url = create_database("specq_recovery", private_postgres.admin_url)
+    client = redis.Redis.from_url(private_redis.url())
+    client.flushdb()  # the server is this suite's own (the outage drills may have used it before)
     home = tmp_path_factory.mktemp("recovery_home")
-    env = services_env(pg_url, REDIS_TEST_URL, home, **DRILL_ENV)
+    env = services_env(db_url, private_redis.url(), home, **DRILL_ENV)
     workers = [SpecqWorker(env, home / f"worker{i}.log") for i in range(2)]
     try:
         for worker in workers:
@@ -121,15 +122,15 @@ def worker_logs(workers) -> str:
     return "\n".join(w.output() for w in workers)
 
 
-def test_redis_restart_mid_job(fleet, reference, tiny_pair, tmp_path) -> None:
+def test_redis_restart_mid_job(fleet, private_redis, reference, tiny_pair, tmp_path) -> None:
     env, workers = fleet
     lines = lines_for("redis", 64)
     job_id = submit(env, tmp_path, lines, tiny_pair, "--batch-size", "1")  # 16 chunks of 4
     wait_for(lambda: completed(env, job_id) > 0, 60, "the first results")
-    client = redis.Redis.from_url(REDIS_TEST_URL)
+    client = redis.Redis.from_url(env["SPECQ_BROKER_URL"])
     assert client.llen("specq:chunks") > 0  # chunks wait in Redis ...
     client.set("drill:marker", 1)
-    restart_redis()
+    private_redis.restart()
     # ... and are gone with everything else (the sweepers may already have enqueued some again, so the
     # loss is read off a key nobody writes back)
     assert not client.exists("drill:marker")
@@ -139,12 +140,12 @@ def test_redis_restart_mid_job(fleet, reference, tiny_pair, tmp_path) -> None:
         assert worker.proc.poll() is None, worker.output()  # both rode out the restart
 
 
-def test_postgres_restart_mid_job(fleet, reference, tiny_pair, tmp_path) -> None:
+def test_postgres_restart_mid_job(fleet, private_postgres, reference, tiny_pair, tmp_path) -> None:
     env, workers = fleet
     lines = lines_for("pg", 64)
     job_id = submit(env, tmp_path, lines, tiny_pair, "--batch-size", "1")
     wait_for(lambda: completed(env, job_id) > 0, 60, "the first results")
-    restart_postgres()
+    private_postgres.restart()
     check_exactly_once(env, job_id, lines, reference)
     for worker in workers:
         assert worker.proc.poll() is None, worker.output()
