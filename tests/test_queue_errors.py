@@ -163,7 +163,7 @@ def test_cancel_and_retry_on_the_store_and_queue(env, tiny_pair, tmp_path) -> No
     assert job_status(env, job_id)["state"] == "queued"
 
     result = invoke(["cancel", job_id], env)
-    assert result.exit_code == 0 and "10 requests will not run" in result.output
+    assert result.exit_code == 0 and "10 queued requests will not run" in result.output
     assert job_status(env, job_id)["state"] == "cancelled"
     out = tmp_path / "cancelled.csv"
     assert invoke(["export", job_id, "-o", str(out)], env).exit_code == 0
