@@ -27,10 +27,9 @@ def cancel(job: str, database_url: str | None) -> None:
         raise click.UsageError(f"job {job} has already ended ({outcome.previous}); nothing to cancel")
     line = f"job {job} cancelled: {counted(outcome.cancelled, 'queued request')} will not run"
     if outcome.running:
-        held = counted(outcome.running, "request")
         line += (
-            f"; {held} that workers hold stop at the next result each worker stores, and end cancelled "
-            "(results stored by then are kept)"
+            f"; workers hold {counted(outcome.running, 'request')}: they stop at the next result each worker "
+            "stores and end cancelled (results stored by then are kept)"
         )
     click.echo(line, err=True)
 
