@@ -79,7 +79,8 @@ def status(
         ]
         for j in found
     ]
-    print_table(["id", "state", "done/total", "failed", "tok/s", "acceptance", "created"], rows, whole=("id",))
+    columns = ["id", "state", "done/total", "failed", "tok/s", "acceptance", "created"]
+    print_table(columns, rows, drop=("created", "tok/s", "failed", "acceptance"))
 
 
 # shown as n/a where no draft token was proposed (target-only, or none yet): no rate, rather than a rate of 0

@@ -1,7 +1,11 @@
 """Tables on stdout, for `status` and `workers`: never cut where a script or a file reads them, and on a
-terminal cut only where the screen is too narrow, never in an id or a name."""
+narrow terminal whole columns dropped, least useful first, never a cell cut or folded (an id or a name
+cut short cannot be pasted into the next command)."""
 
 from __future__ import annotations
+
+import shutil
+import sys
 
 import click
 
@@ -15,26 +19,32 @@ def aligned(columns: list[str], rows: list[list[str]], indent: str = "") -> list
     ]
 
 
-def print_table(columns: list[str], rows: list[list[str]], whole: tuple[str, ...]) -> None:
-    """Print the table on stdout. Not a terminal (a pipe, a file): every cell whole, however wide. A
-    terminal: fitted to its width, the `whole` columns (ids, names) never cut, the others folded."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if not console.is_terminal:
-        for line in aligned(columns, rows):
-            click.echo(line)
-        return
-    table = Table(box=None)
-    for name in columns:
-        keep = name in whole
-        table.add_column(name, no_wrap=keep, overflow="fold", min_width=_widest(name, columns, rows) if keep else None)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+def fitted(columns: list[str], rows: list[list[str]], drop: tuple[str, ...], width: int) -> tuple[list[str], list[str]]:
+    """(the table's lines, the columns left out): the columns of `drop` are left out in that order until
+    the lines fit in `width`; the others stay whatever the width (the terminal wraps a longer line)."""
+    left_out: list[str] = []
+    lines = aligned(columns, rows)
+    for name in drop:
+        if max(len(line) for line in lines) <= width:
+            break
+        i = columns.index(name)
+        columns = columns[:i] + columns[i + 1 :]
+        rows = [row[:i] + row[i + 1 :] for row in rows]
+        left_out.append(name)
+        lines = aligned(columns, rows)
+    return lines, left_out
 
 
-def _widest(name: str, columns: list[str], rows: list[list[str]]) -> int:
-    i = columns.index(name)
-    return max(len(cell) for cell in [name, *(row[i] for row in rows)])
+def print_table(columns: list[str], rows: list[list[str]], drop: tuple[str, ...]) -> None:
+    """Print the table on stdout, every cell whole. Not a terminal (a pipe, a file): every column. A
+    terminal narrower than the table: the columns of `drop` left out, in that order, until it fits, and
+    a note on stderr naming them."""
+    left_out: list[str] = []
+    if not sys.stdout.isatty():
+        lines = aligned(columns, rows)
+    else:
+        lines, left_out = fitted(columns, rows, drop, shutil.get_terminal_size().columns)
+    for line in lines:
+        click.echo(line)
+    if left_out:
+        click.echo(f"({', '.join(left_out)} left out to fit the terminal; --json, or a pipe, shows all)", err=True)

@@ -114,4 +114,4 @@ def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None
         for w in found
     ]
     columns = ["name", "device", "state", "last heartbeat", "age", "current batch", "compiled"]
-    print_table(columns, rows, whole=("name",))
+    print_table(columns, rows, drop=("compiled", "last heartbeat", "current batch", "age", "device"))

@@ -197,3 +197,18 @@ def test_submit_wait_names_the_autoscaler_when_no_worker_is_live(queued, tiny_pa
     assert result.exit_code == 1, result.output
     assert "no worker is live yet" in result.stderr and "an autoscaler (`specq autoscale`)" in result.stderr
     assert json.dumps(result.stdout.strip())  # the job id alone on stdout
+
+
+def test_a_narrow_terminal_drops_whole_columns_never_cuts_a_name() -> None:
+    from specq.cli.tables import fitted
+
+    name = "worker@a-rather-long-host-name.example:cpu:777777"
+    columns = ["name", "device", "state", "last heartbeat", "age", "current batch", "compiled"]
+    row = [name, "cpu", "idle", "2026-12-06T00:31:08", "3s", "-", "target eager, draft eager"]
+    drop = ("compiled", "last heartbeat", "current batch", "age", "device")
+    lines, left_out = fitted(columns, [row], drop, width=90)
+    assert left_out == ["compiled", "last heartbeat"]
+    assert lines[1].split() == [name, "cpu", "idle", "3s", "-"] and max(map(len, lines)) <= 90
+    lines, left_out = fitted(columns, [row], drop, width=30)  # narrower than the name: the name stays whole
+    assert left_out == list(drop) and lines[1].split() == [name, "idle"]
+    assert fitted(columns, [row], drop, width=200) == (fitted(columns, [row], (), width=0)[0], [])
