@@ -109,3 +109,22 @@ def test_k_0_with_a_draft_decodes_with_the_target_alone(tiny_pair, tmp_path) -> 
     assert [line["tokens"] for line in k0] == tokens
     assert [line["draft_tokens"] for line in k0] == [0]
     assert "acceptance n/a" in result.stderr
+
+
+def test_k_0_engine_runs_no_proposer(target, draft) -> None:
+    import torch
+
+    from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+    from tests.tiny_models import IdTokenizer
+
+    prompts = [torch.randint(2, 64, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (3, 7, 11)]
+    requests = [
+        GenerationRequest(i, tuple(p), SamplingParams(max_tokens=12, temperature=0.0)) for i, p in enumerate(prompts)
+    ]
+    alone = SpeculativeEngine(target, IdTokenizer(), None, DecodingConfig(strict=True))
+    expected = {r.key: r.token_ids for r in alone.generate(requests)}
+    for model_free in (None, "ngram"):
+        config = DecodingConfig(num_speculative_tokens=0, model_free=model_free, strict=True)
+        engine = SpeculativeEngine(target, IdTokenizer(), draft, config)
+        assert {r.key: r.token_ids for r in engine.generate(requests)} == expected
+        assert engine.proposer is None and engine.max_k == 0 and engine.stats.num_draft_tokens == 0
