@@ -6,13 +6,15 @@ import click
 
 from specq.cli.group import cli
 from specq.cli.options import UsageLine, broker_option, database_option, job_argument, specq_errors
+from specq.cli.progress import counted
 
 
 @cli.command("cancel")
 @job_argument()
 @database_option
 def cancel(job: str, database_url: str | None) -> None:
-    """Stop a job's remaining work; results already stored are kept."""
+    """Stop a job's remaining work: its queued requests will not run, and the requests workers hold stop
+    at the next result each worker stores (ending cancelled); results already stored are kept."""
     with specq_errors():
         from specq.db.session import open_database
         from specq.jobs.control import cancel_job
@@ -23,7 +25,13 @@ def cancel(job: str, database_url: str | None) -> None:
             click.echo(f"job {job} was already cancelled", err=True)
             return
         raise click.UsageError(f"job {job} has already ended ({outcome.previous}); nothing to cancel")
-    click.echo(f"job {job} cancelled; {outcome.cancelled} requests will not run", err=True)
+    line = f"job {job} cancelled: {counted(outcome.cancelled, 'queued request')} will not run"
+    if outcome.running:
+        line += (
+            f"; workers hold {counted(outcome.running, 'request')}: they stop at the next result each worker "
+            "stores and end cancelled (results stored by then are kept)"
+        )
+    click.echo(line, err=True)
 
 
 @cli.command("retry")
@@ -76,7 +84,7 @@ def _requeued(by_state: dict[str, int]) -> str:
     """ "3 requests requeued (2 failed, 1 cancelled)"; running ones were abandoned (their lease expired)."""
     words = {"running": "abandoned"}
     parts = ", ".join(f"{n} {words.get(state, state)}" for state, n in sorted(by_state.items()))
-    return f"{sum(by_state.values())} requests requeued" + (f" ({parts})" if parts else "")
+    return f"{counted(sum(by_state.values()), 'request')} requeued" + (f" ({parts})" if parts else "")
 
 
 @cli.command("delete")

@@ -11,5 +11,6 @@ from specq.cli import (  # noqa: F401
     run,
     status,
     submit,
+    wait,
     worker,
 )

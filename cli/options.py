@@ -117,8 +117,8 @@ _OPTIONS = [
     click.option(
         "--target",
         envvar="SPECQ_TARGET",
-        required=True,
-        help="Target model: a Hugging Face id or a local folder. [env: SPECQ_TARGET]",
+        callback=lambda ctx, param, value: _required_target(ctx, param, value),
+        help="Target model: a Hugging Face id or a local folder. [env: SPECQ_TARGET; required]",
     ),
     click.option(
         "--draft",
@@ -196,6 +196,18 @@ _OPTIONS = [
         "name: a hub id as given, a local folder by its last component]",
     ),
 ]
+
+
+def _required_target(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    # click's own "Missing option '--target'." does not say where a newcomer gets one
+    if not value:
+        raise click.MissingParameter(
+            'Give a Hugging Face id or a local folder, or set SPECQ_TARGET (`eval "$(specq demo-models)"` '
+            "sets target=... and draft=... to a small demo pair)",
+            ctx=ctx,
+            param=param,
+        )
+    return value
 
 
 def generation_options(command: Command) -> Command:

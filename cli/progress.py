@@ -1,4 +1,5 @@
-"""The one progress display of the CLI, on stderr: done/total, ETA, tokens/s, acceptance rate.
+"""The one progress display of the CLI, on stderr: done/total, ETA, tokens/s, acceptance rate (`n/a` until a
+draft token was proposed, and for target-only decoding, where none ever is).
 
 On a terminal it is a live bar (rich). Elsewhere (a log file, a CI job, `2>` a pipe) a bar would be
 control codes, so it is a plain line every PLAIN_EVERY_S seconds instead, as vLLM logs its progress.
@@ -11,6 +12,24 @@ import time
 from typing import Self
 
 PLAIN_EVERY_S = 5.0  # seconds between plain progress lines
+NOT_APPLICABLE = "n/a"  # an acceptance figure where no draft token was proposed: no rate, not a rate of 0
+
+
+def counted(n: int, noun: str) -> str:
+    """`1 chunk`, `2 chunks`: a count with its noun, singular for one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def rate_text(rate: float | None, digits: int = 3) -> str:
+    """A rate with `digits` decimals, or n/a for None."""
+    return NOT_APPLICABLE if rate is None else f"{rate:.{digits}f}"
+
+
+def acceptance_summary(draft_tokens: int, acceptance_rate: float, mean_acceptance_length: float) -> str:
+    """The acceptance part of a run's or a job's last line; n/a where nothing was proposed (target-only)."""
+    if not draft_tokens:
+        return "acceptance n/a (no draft tokens proposed)"
+    return f"acceptance rate {acceptance_rate:.3f}, mean acceptance length {mean_acceptance_length:.2f}"
 
 
 class ProgressBar:
@@ -26,12 +45,12 @@ class ProgressBar:
             MofNCompleteColumn(),
             TimeRemainingColumn(),
             TextColumn("{task.fields[rate]:>8.1f} tok/s"),
-            TextColumn("acceptance {task.fields[acceptance]:.2f}"),
+            TextColumn("acceptance {task.fields[acceptance]}"),
             TextColumn("{task.fields[failed]}"),
             console=console,
             disable=not show or self.plain,
         )
-        self.task = self.progress.add_task(label, total=total, rate=0.0, acceptance=0.0, failed="")
+        self.task = self.progress.add_task(label, total=total, rate=0.0, acceptance=NOT_APPLICABLE, failed="")
         self.label, self.total = label, total
         self._last_line = time.monotonic()  # the first plain line comes one period in: short runs print none
 
@@ -46,12 +65,14 @@ class ProgressBar:
         self.total = total
         self.progress.update(self.task, total=total)
 
-    def update(self, done: int, tokens_per_second: float, acceptance_rate: float, failed: int = 0) -> None:
+    def update(self, done: int, tokens_per_second: float, acceptance_rate: float | None, failed: int = 0) -> None:
+        """`acceptance_rate`: None while no draft token was proposed (shown as n/a)."""
+        acceptance = rate_text(acceptance_rate, 2)
         self.progress.update(
             self.task,
             completed=done,
             rate=tokens_per_second,
-            acceptance=acceptance_rate,
+            acceptance=acceptance,
             failed=f"{failed} failed" if failed else "",
         )
         now = time.monotonic()
@@ -60,6 +81,6 @@ class ProgressBar:
             total = "?" if self.total is None else self.total
             sys.stderr.write(
                 f"{self.label}: {done}/{total} done, {failed} failed, {tokens_per_second:.1f} tok/s, "
-                f"acceptance {acceptance_rate:.2f}\n"
+                f"acceptance {acceptance}\n"
             )
             sys.stderr.flush()

@@ -9,7 +9,7 @@ import click
 
 from specq.cli.group import cli
 from specq.cli.options import GenerationOptions, generation_options, input_limit_options, specq_errors
-from specq.cli.progress import ProgressBar
+from specq.cli.progress import ProgressBar, acceptance_summary, counted
 
 if TYPE_CHECKING:
     from specq.jobs.inputs import InputLimits
@@ -66,10 +66,14 @@ def run(
             limits=input_limits,
         )
     stats = summary.stats
+    # a line with `n` > 1 is n requests (its choices): completions are counted against requests, not lines
+    of = str(summary.total)
+    if summary.lines != summary.total:
+        of = f"{summary.total} requests from {counted(summary.lines, 'line')}"
     click.echo(
-        f"{summary.completed} completed, {summary.failed} failed of {summary.total}; "
+        f"{summary.completed} completed, {summary.failed} failed of {of}; "
         f"{stats.num_generated_tokens} tokens at {stats.tokens_per_second:.1f}/s, "
-        f"acceptance rate {stats.acceptance_rate:.3f}, mean acceptance length {stats.mean_acceptance_length:.2f}"
+        + acceptance_summary(stats.num_draft_tokens, stats.acceptance_rate, stats.mean_acceptance_length)
         + ("" if path == "-" else f"; results in {path}"),
         err=True,
     )
@@ -90,4 +94,5 @@ class _RunProgress(ProgressBar):
 
     def progress_of(self, done: int, stats: Any) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        self.update(done, stats.num_generated_tokens / elapsed, stats.acceptance_rate)
+        acceptance = stats.acceptance_rate if stats.num_draft_tokens else None
+        self.update(done, stats.num_generated_tokens / elapsed, acceptance)

@@ -10,6 +10,8 @@ import click
 
 from specq.cli.group import cli
 from specq.cli.options import Duration, database_option, job_argument, patient_reads, specq_errors
+from specq.cli.progress import NOT_APPLICABLE, rate_text
+from specq.cli.tables import aligned, print_table
 from specq.db.states import JobState
 
 JOB_STATES = tuple(str(state) for state in JobState)
@@ -59,27 +61,55 @@ def status(
         click.echo(json.dumps(found, indent=None if isinstance(found, list) else 2))
         return
     if isinstance(found, dict):
-        width = max(len(k) for k in found)
-        for key, value in found.items():
-            if isinstance(value, dict) and all(not isinstance(v, dict) for v in value.values()):
-                value = ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) or "-"
-            click.echo(f"{key:<{width}}  {_fmt(value)}")
+        for line in _details(found):
+            click.echo(line)
         return
     if not found:
         click.echo("no jobs yet", err=True)
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("id", "state", "done/total", "failed", "tok/s", "acceptance", "created", box=None)
-    for j in found:
-        table.add_row(
+    rows = [
+        [
             j["id"],
             j["state"],
             f"{j['completed'] + j['failed']}/{j['total']}",
             str(j["failed"]),
             f"{j['tokens_per_second']:.1f}",
-            f"{j['acceptance_rate']:.3f}",
+            rate_text(j["acceptance_rate"] if j["num_draft_tokens"] else None),
             (j["created_at"] or "")[:19],
-        )
-    Console(soft_wrap=True).print(table)
+        ]
+        for j in found
+    ]
+    columns = ["id", "state", "done/total", "failed", "tok/s", "acceptance", "created"]
+    print_table(columns, rows, drop=("created", "tok/s", "failed", "acceptance"))
+
+
+# shown as n/a where no draft token was proposed (target-only, or none yet): no rate, rather than a rate of 0
+_ACCEPTANCE_FIGURES = ("acceptance_rate", "mean_acceptance_length")
+
+
+def _details(found: dict[str, Any]) -> list[str]:
+    """One job's status as `key  value` lines; acceptance by proposer as a table of the proposers that ran."""
+    width = max(len(k) for k in found)
+    lines = []
+    for key, value in found.items():
+        if key in _ACCEPTANCE_FIGURES and not found["num_draft_tokens"]:
+            value = NOT_APPLICABLE
+        elif key == "acceptance_by_proposer":
+            ran = {name: counters for name, counters in value.items() if counters["drafts"]}
+            if ran:
+                lines.append(key)
+                lines.extend(_by_proposer(ran))
+                continue
+            value = NOT_APPLICABLE
+        elif isinstance(value, dict) and all(not isinstance(v, dict) for v in value.values()):
+            value = ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) or "-"
+        lines.append(f"{key:<{width}}  {_fmt(value)}")
+    return lines
+
+
+def _by_proposer(ran: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [
+        [name, str(c["drafts"]), str(c["draft_tokens"]), str(c["accepted_tokens"]), f"{c['acceptance_rate']:.3f}"]
+        for name, c in ran.items()
+    ]
+    return aligned(["proposer", "drafts", "draft tokens", "accepted tokens", "acceptance rate"], rows, indent="  ")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from specq.cli.follow import Wait, follow, note_missing_workers, polling
 from specq.cli.group import cli
 from specq.cli.options import (
     Duration,
@@ -20,13 +20,10 @@ from specq.cli.options import (
     patient_reads,
     specq_errors,
 )
-from specq.cli.progress import ProgressBar
-from specq.db.states import JOB_TERMINAL
+from specq.cli.progress import counted
 
 if TYPE_CHECKING:
     from specq.jobs.inputs import InputLimits
-    from specq.jobs.patience import Patient
-    from specq.jobs.submit import Submitted
 
 
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
@@ -50,16 +47,6 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{key!r} is given twice", param_hint="'--metadata'")
         found[key] = value
     return found
-
-
-def _summary(status: dict[str, Any]) -> None:
-    click.echo(
-        f"job {status['id']} {status['state']}: {status['completed']} completed, {status['failed']} failed "
-        f"of {status['total']}; {status['generated_tokens']} tokens at {status['tokens_per_second']:.1f}/s, "
-        f"acceptance rate {status['acceptance_rate']:.3f}, "
-        f"mean acceptance length {status['mean_acceptance_length']:.2f}",
-        err=True,
-    )
 
 
 @cli.command("submit")
@@ -148,62 +135,26 @@ def submit(
         submitted = submit_job(input_path, spec, database_url=database_url, broker=broker, limits=input_limits)
     click.echo(submitted.job_id)
     click.echo(
-        f"job {submitted.job_id}: {submitted.total} requests in {len(submitted.chunks)} chunks"
+        f"job {submitted.job_id}: {counted(submitted.total, 'request')} in {counted(len(submitted.chunks), 'chunk')}"
         + (", running here (no broker)" if submitted.embedded else ", queued"),
         err=True,
     )
     if not wait and not submitted.embedded:
         return
-    patient = patient_reads() if not submitted.embedded else None
-    if patient is not None:
-        from specq.jobs.status import live_workers
+    if submitted.embedded:
+        from specq.worker.embedded import run_job_here
 
-        with specq_errors():
-            workers = patient(lambda: live_workers(submitted.db))
-        if not workers:
-            click.echo("no live workers yet: start one with `specq worker`", err=True)
+        def run_here(on_status: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+            return run_job_here(submitted.db, submitted.job_id, submitted.chunks, generation.device, on_status)
 
-    progress = ProgressBar(f"job {submitted.job_id}", submitted.total, show=wait)
-
-    def show(status: dict[str, Any]) -> None:
-        done = status["completed"] + status["failed"]
-        progress.update(done, status["tokens_per_second"], status["acceptance_rate"], status["failed"])
-
+        waiting: Wait = run_here
+    else:
+        patient = patient_reads()
+        note_missing_workers(submitted.db, patient)
+        waiting = polling(submitted.db, submitted.job_id, patient, timeout)
     try:
-        with specq_errors(), progress:
-            status = _until_done(submitted, generation.device, show, patient, timeout)
+        follow(submitted.job_id, submitted.total, waiting, show=wait, timeout=timeout, strict=wait)
     except KeyboardInterrupt:
         if submitted.embedded:  # the job was cancelled: its in-process work dies with this process
             click.echo(f"interrupted: job {submitted.job_id} cancelled; `specq retry` resumes it", err=True)
         raise SystemExit(130) from None
-    _summary(status)
-    if status["state"] not in JOB_TERMINAL:
-        raise click.ClickException(
-            f"gave up waiting after {timeout:g}s: job {submitted.job_id} is {status['state']} and keeps running "
-            f"(`specq status {submitted.job_id}`)"
-        )
-    if wait and (status["state"] != "completed" or status["failed"]):
-        raise click.ClickException(
-            f"job {submitted.job_id} {status['state']}: {status['failed']} of {status['total']} requests failed"
-            + (f", {status['remaining']} did not run" if status["remaining"] else "")
-        )
-
-
-def _until_done(
-    submitted: Submitted,
-    device: str | None,
-    show: Callable[[dict[str, Any]], None],
-    patient: Patient | None,
-    timeout: float | None,
-) -> dict[str, Any]:
-    """Run the job here (no broker) or wait for the workers, riding out database outages, until it
-    ends or `timeout` seconds pass; its last status."""
-    if submitted.embedded:
-        from specq.worker.embedded import run_job_here
-
-        return run_job_here(submitted.db, submitted.job_id, submitted.chunks, device, show)
-    from specq.jobs.wait import wait_for_job
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    give_up = (lambda: False) if deadline is None else (lambda: time.monotonic() >= deadline)
-    return wait_for_job(submitted.db, submitted.job_id, show, give_up=give_up, patient=patient)

@@ -98,21 +98,20 @@ def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None
     if not found:
         click.echo("no live workers", err=True)
         return
-    from rich.console import Console
-    from rich.table import Table
-
+    from specq.cli.tables import print_table
     from specq.jobs.status import compile_summary
 
-    table = Table("name", "device", "state", "last heartbeat", "age", "current batch", "compiled", box=None)
-    for w in found:
-        batch = f"{w['current_batch']} (job {w['current_job']})" if w["current_batch"] else "-"
-        table.add_row(
+    rows = [
+        [
             w["name"],
             w["device"],
             w["state"],
             (w["last_heartbeat"] or "")[:19],
             f"{w['heartbeat_age_s']:.0f}s",
-            batch,
+            f"{w['current_batch']} (job {w['current_job']})" if w["current_batch"] else "-",
             compile_summary(w["compiled"]),
-        )
-    Console(soft_wrap=True).print(table)
+        ]
+        for w in found
+    ]
+    columns = ["name", "device", "state", "last heartbeat", "age", "current batch", "compiled"]
+    print_table(columns, rows, drop=("compiled", "last heartbeat", "current batch", "age", "device"))

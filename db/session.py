@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +15,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from specq.errors import DatabaseUnreachableError, SchemaError, ServiceUnavailableError
+from specq.errors import (
+    DatabaseMissingError,
+    DatabaseRefusedError,
+    DatabaseUnreachableError,
+    SchemaError,
+    ServiceUnavailableError,
+)
 from specq.masking import mask_url
 from specq.paths import data_dir
 
@@ -63,8 +70,36 @@ class Database:
         return is_sqlite(self.engine)
 
 
-def unavailable(db_url: str, exc: BaseException) -> DatabaseUnreachableError:
+# What PostgreSQL answers, before any query, where the connection will never be allowed: retrying these
+# only delays the one line that says what is wrong. A server starting up or shutting down, or out of
+# connection slots, answers otherwise and is waited for.
+_MISSING_DATABASE = re.compile(r'database ".*" does not exist')
+_REFUSALS = re.compile(
+    r'role ".*" does not exist|authentication failed|no password supplied|no pg_hba\.conf entry|'
+    r"permission denied for database|not permitted to log in"
+)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """`exc`'s reason where the server refused the connection for good (no such database, a wrong user or
+    password, no access), else None (unreachable, or lost: worth waiting for)."""
+    reason = str(getattr(exc, "orig", None) or exc).strip()
+    if _MISSING_DATABASE.search(reason) or _REFUSALS.search(reason):
+        return reason.splitlines()[0]
+    return None
+
+
+def unavailable(db_url: str, exc: BaseException) -> ServiceUnavailableError:
+    """The error for a connection that failed: refused for good (DatabaseRefusedError, DatabaseMissingError)
+    or unreachable (DatabaseUnreachableError, which readers wait out)."""
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    if _MISSING_DATABASE.search(reason):
+        return DatabaseMissingError(
+            f"the database server at {mask_url(db_url)} has no database {make_url(db_url).database!r}: "
+            "`specq db upgrade` creates it (where this user may create databases), or `createdb` it"
+        )
+    if refusal(exc):
+        return DatabaseRefusedError(f"the database at {mask_url(db_url)} refused the connection: {reason}")
     return DatabaseUnreachableError(f"cannot reach the database at {mask_url(db_url)}: {reason}")
 
 

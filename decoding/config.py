@@ -24,7 +24,8 @@ class DecodingConfig:
     # K: the most draft tokens a step may propose; None: DRAFT_MODEL_ or MODEL_FREE_SPECULATIVE_TOKENS
     num_speculative_tokens: int = None  # type: ignore[assignment]  # resolved to an int in __post_init__
     # the most tokens a draft model proposes a step (its forwards); None: K where K is given, else
-    # DRAFT_MODEL_SPECULATIVE_TOKENS. Below K only in a hybrid, whose looked-up rows verify up to K
+    # DRAFT_MODEL_SPECULATIVE_TOKENS. Below K only in a hybrid, whose looked-up rows verify up to K;
+    # 0 only with K = 0, where no proposer runs (plain decoding with the target)
     draft_model_depth: int = None  # type: ignore[assignment]  # resolved to an int in __post_init__
     fixed_k: bool = False  # False: pick k <= K each step from measured step times and acceptance
     batch_size: int = 8  # sequences decoded together; free slots are refilled from the waiting requests
@@ -50,10 +51,11 @@ class DecodingConfig:
             default = DRAFT_MODEL_SPECULATIVE_TOKENS if self.model_free is None else MODEL_FREE_SPECULATIVE_TOKENS
             object.__setattr__(self, "num_speculative_tokens", default)
         NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
-        if not 1 <= self.draft_model_depth <= self.num_speculative_tokens:
+        lowest_depth = min(1, self.num_speculative_tokens)
+        if not lowest_depth <= self.draft_model_depth <= self.num_speculative_tokens:
             raise ValueError(
-                f"draft_model_depth must be in [1, num_speculative_tokens = {self.num_speculative_tokens}],"
-                f" got {self.draft_model_depth}"
+                f"draft_model_depth must be in [{lowest_depth}, num_speculative_tokens = "
+                f"{self.num_speculative_tokens}], got {self.draft_model_depth}"
             )
         BATCH_SIZE.check("batch_size", self.batch_size)
         if self.probe_interval < 2:

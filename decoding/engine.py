@@ -123,6 +123,8 @@ class SpeculativeEngine:
         job's (with `config.model_free == "suffix"`), fed by this engine's prompts and outputs and read
         by its proposals; None: a fresh one for this engine."""
         self.config = config or DecodingConfig()
+        if self.config.num_speculative_tokens == 0:
+            draft = None  # K = 0 proposes nothing: plain decoding with the target, whatever proposers were given
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         # a forward replaying CUDA graphs needs the shapes they were recorded with (decoding/static_shapes.py)
         self.static_shapes = self.config.static_shapes or any(
@@ -133,7 +135,7 @@ class SpeculativeEngine:
         draft_lm = None if draft is None else RaggedLM(draft, static=self.static_shapes)
         if draft_lm is not None and draft_lm.device != self.device:
             raise ValueError("target and draft must be on the same device")
-        model_free = self.config.model_free
+        model_free = self.config.model_free if self.config.num_speculative_tokens else None
         speculates = draft_lm is not None or model_free is not None
         self.max_k = self.config.num_speculative_tokens if speculates else 0
         lms = [lm for lm in (self.target_lm, draft_lm) if lm is not None]

@@ -22,8 +22,11 @@ from specq.queue import Chunk
 @dataclass(frozen=True)
 class CancelOutcome:
     previous: str  # the job's state before
-    cancelled: int  # requests that will not run now
+    cancelled: int  # queued requests, cancelled now: they will not run
     changed: bool  # False: the job had already ended
+    # requests that workers held (claimed, in or waiting for their engine): each worker sees the cancel at
+    # the next result it stores, keeps the results stored by then, and cancels the rest of what it holds
+    running: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,9 @@ def _still_running(session: Session, job_id: str) -> int:
 
 
 def cancel_job(db: Database, job_id: str) -> CancelOutcome:
-    """Stop a job: its queued requests are cancelled, running ones finish (workers see the cancel at
-    their next write and give up the rest). A job that has ended is left as it is."""
+    """Stop a job: its queued requests are cancelled now; the requests workers hold end too, cancelled,
+    when each worker sees the cancel at the next result it stores (those stored by then are kept). A job
+    that has ended is left as it is."""
     with db.session() as session:
         job = _locked_job(db, session, job_id)
         previous = job.state
@@ -76,7 +80,10 @@ def cancel_job(db: Database, job_id: str) -> CancelOutcome:
             .values(state=RequestState.CANCELLED)
             .execution_options(synchronize_session=False)
         ).rowcount  # type: ignore[attr-defined]
-        return CancelOutcome(previous, cancelled, changed=True)
+        running = session.scalar(
+            select(func.count()).where(Request.job_id == job_id, Request.state == RequestState.RUNNING)
+        )
+        return CancelOutcome(previous, cancelled, changed=True, running=int(running or 0))
 
 
 def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome:

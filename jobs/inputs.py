@@ -621,9 +621,9 @@ def validate_file(
     name: str | None = None,
     refuse: Refusal | None = None,
 ) -> int:
-    """Read the whole file once and return its number of requests; raise BadInputError if any line is bad
-    (`name` and `refuse` as for `iter_request_specs`)."""
+    """Read the whole file once and return its number of requests (a line with `n` > 1 is n requests, its
+    choices); raise BadInputError if any line is bad (`name` and `refuse` as for `iter_request_specs`)."""
     scan = _Scan(path, limits, name, refuse)
-    count = sum(1 for _ in scan)
+    count = sum(spec.n for spec in scan)
     scan.finish()
     return count

@@ -34,7 +34,8 @@ OutputFormat = Literal["jsonl", "openai"]
 
 @dataclass
 class RunSummary:
-    total: int
+    total: int  # requests: a line with `n` > 1 is n of them
+    lines: int = 0  # input lines generated for
     completed: int = 0
     failed: int = 0
     stats: EngineStats = field(default_factory=EngineStats)
@@ -93,6 +94,7 @@ def run_file(
         def requests() -> Iterator[GenerationRequest]:
             key = 0
             for spec in iter_request_specs(source.path, limits, name=source.name):
+                summary.lines += 1
                 for choice in range(spec.n):
                     requests_of[key] = {
                         "id": spec.id,

@@ -18,15 +18,21 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy.exc import InterfaceError, OperationalError
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from specq.db.session import refusal
 from specq.errors import ConfigError, DatabaseUnreachableError, ServiceUnavailableError
 
 T = TypeVar("T")
 PATIENCE_ENV = "SPECQ_OUTAGE_PATIENCE_S"
 DEFAULT_PATIENCE_S = 30.0
-# a connection lost mid-read (OperationalError, InterfaceError), or none to be had at all
+# a connection lost mid-read (OperationalError, InterfaceError), or none to be had at all; a server that
+# refuses for good (no such database, authentication failed: db.session.refusal) is reported at once
 OUTAGE_ERRORS = (OperationalError, InterfaceError, DatabaseUnreachableError)
+
+
+def _outage(exc: BaseException) -> bool:
+    return isinstance(exc, OUTAGE_ERRORS) and refusal(exc) is None
 
 
 def outage_patience() -> float:
@@ -73,7 +79,7 @@ class Patient:
                 warned = True
 
         retrying = Retrying(
-            retry=retry_if_exception_type(OUTAGE_ERRORS),
+            retry=retry_if_exception(_outage),
             stop=stop_after_delay(self.seconds),
             wait=wait_exponential(multiplier=0.5, min=0.5, max=5),
             before_sleep=before_sleep,

@@ -15,7 +15,9 @@
 - usage = prompt, completion and total tokens summed over the job's results (OpenAI's batch usage).
 
 Generated tokens count completed requests' completion tokens (the job's counter, exact); the draft
-counters are summed over the job's ended batches (a batch whose worker died reports nothing).
+counters are summed over the job's batches, running ones included (a running batch writes them with its
+results, so acceptance shows while a job runs; a batch whose worker died keeps what it had written); the
+engine's tokens and seconds over its ended batches.
 """
 
 from __future__ import annotations
@@ -65,12 +67,14 @@ def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, An
             Batch.by_proposer,
             Batch.num_generated_tokens,
             Batch.seconds,
-        ).where(Batch.job_id.in_(job_ids), Batch.ended_at.is_not(None))
+            Batch.ended_at,
+        ).where(Batch.job_id.in_(job_ids))
     )
-    for job_id, drafts, draft_tokens, accepted, per_position, by_proposer, generated, seconds in rows:
+    for job_id, drafts, draft_tokens, accepted, per_position, by_proposer, generated, seconds, ended_at in rows:
         agg = out[job_id]
-        agg["engine_tokens"] += generated
-        agg["engine_seconds"] += seconds
+        if ended_at is not None:  # a running batch has written its draft counters so far, nothing else
+            agg["engine_tokens"] += generated
+            agg["engine_seconds"] += seconds
         agg["num_drafts"] += drafts
         agg["num_draft_tokens"] += draft_tokens
         agg["num_accepted_tokens"] += accepted

@@ -60,10 +60,29 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def check_location(name_or_path: str) -> None:
+    """ModelLoadError, one line, when nothing exists at `name_or_path` and it cannot be a Hugging Face id
+    either (a mistyped folder such as `./models/draft`): transformers would answer with hub advice about
+    repo ids, which does not say that the folder is missing."""
+    from pathlib import Path
+
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if Path(name_or_path).expanduser().exists():
+        return
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        raise ModelLoadError(
+            f"no folder exists at {name_or_path!r}, and it is not a Hugging Face id (NAME or OWNER/NAME) either"
+        ) from None
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a Hugging Face id or local folder; ModelLoadError if it cannot be loaded."""
     from transformers import AutoTokenizer
 
+    check_location(name_or_path)
     logger.info("loading tokenizer %s", name_or_path)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
@@ -76,6 +95,7 @@ def load_config(name_or_path: str) -> Any:
     """The model config of a Hugging Face id or local folder; ModelLoadError if it cannot be loaded."""
     from transformers import AutoConfig
 
+    check_location(name_or_path)
     try:
         return AutoConfig.from_pretrained(name_or_path)
     except Exception as exc:

@@ -37,6 +37,15 @@ class DatabaseUnreachableError(ServiceUnavailableError):
     """No connection to the database (refused, lost, timed out): it may come back, so readers wait."""
 
 
+class DatabaseRefusedError(ServiceUnavailableError):
+    """The database server answered and refused the connection for good (no such database, a wrong user or
+    password, no access): waiting does not help, so nothing retries it."""
+
+
+class DatabaseMissingError(DatabaseRefusedError):
+    """The server has no database of that name (`specq db upgrade` creates it where the user may)."""
+
+
 class SchemaError(SpecqError):
     """The database holds another revision of specq's schema: `specq db upgrade` migrates it."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from specq import __version__
 from specq.worker.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +71,7 @@ def test_k8s_manifests_build_and_validate(tmp_path) -> None:
     validate = tool("kubernetes-validate", "pip install -e .[dev]")
     built = run(kubectl, "kustomize", ROOT / "deploy" / "k8s")
     assert built.returncode == 0, built.stderr
-    assert "image: ghcr.io/example/specq:0.1.0" in built.stdout  # kustomize `images:` set it everywhere
+    assert f"image: ghcr.io/example/specq:{__version__}" in built.stdout  # kustomize `images:` set it everywhere
     manifests = tmp_path / "all.yaml"
     manifests.write_text(built.stdout)
     valid = run(validate, "--strict", manifests)

@@ -254,7 +254,7 @@ def test_retry_right_after_cancel_says_what_it_did(queued_env, tiny_pair, tmp_pa
     assert len(claimed) == 4
 
     result = invoke(["cancel", job_id], env)
-    assert result.exit_code == 0 and "4 requests will not run" in result.output
+    assert result.exit_code == 0 and "4 queued requests will not run" in result.output
     result = invoke(["retry", job_id], env)  # the worker has not seen the cancel yet
     assert result.exit_code == 2
     assert one_error_line(result.stderr) == (

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from specq import __version__
 from tests.services import write_requests
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,7 +152,7 @@ def test_wheel_installs_specq_alone(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     wheel = tmp_path / done.stdout.strip().splitlines()[-1]
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names} == {"specq", wheel.name.split("-")[0] + "-0.1.0.dist-info"}
+    assert {name.split("/")[0] for name in names} == {"specq", wheel.name.split("-")[0] + f"-{__version__}.dist-info"}
     assert "specq/db/migrations/versions/0001_initial_schema.py" in names
     assert "specq/cli/main.py" in names
 

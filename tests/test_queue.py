@@ -181,7 +181,7 @@ def test_per_request_failures_and_retry(env, tiny_pair, tmp_path) -> None:
     assert "1 failed" in result.stderr
     result = invoke(["retry", job_id], env)
     assert result.exit_code == 0, result.output
-    assert "1 requests requeued" in result.output
+    assert "1 request requeued" in result.output
     info = wait_state(env, job_id, {"completed", "failed"})
     assert (info["state"], info["completed"], info["failed"]) == ("completed", 1, 1)  # failed again, once
     with open_database(env["SPECQ_DATABASE_URL"]).session() as session:

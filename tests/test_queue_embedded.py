@@ -40,7 +40,7 @@ def test_embedded_sqlite_with_no_services_at_all(tiny_pair, tmp_path) -> None:
 
     result = invoke(["retry", job_id], env)  # runs in-process too; the too-long request fails again
     assert result.exit_code == 0, result.output
-    assert "1 requests requeued" in result.output and "3 completed, 1 failed" in result.output
+    assert "1 request requeued" in result.output and "3 completed, 1 failed" in result.output
 
 
 def test_embedded_postgres_without_wait(pg_db_url, tiny_pair, tmp_path) -> None:

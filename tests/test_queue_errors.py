@@ -63,7 +63,7 @@ def test_models_fail_early(env, tiny_pair, tmp_path) -> None:
     path = write_requests(tmp_path / "in.jsonl", [PLAIN])
     result = invoke(["submit", path, "--target", str(tmp_path / "no-such-model")], env)
     assert result.exit_code == 2, result.output
-    assert "cannot load the tokenizer" in result.output and "Traceback" not in result.output
+    assert "no folder exists at" in result.output and "Traceback" not in result.output
 
     other = AutoTokenizer.from_pretrained(tiny_pair[0])  # a draft whose vocabulary differs by one token
     other.add_tokens(["<extra_token>"])
@@ -85,7 +85,7 @@ def test_model_check_beside_the_read_in_a_fresh_process(env, tiny_pair, tmp_path
     specq = [sys.executable, "-c", "from specq.cli.main import main; main()", "submit", path]
     bad_model = subprocess.run([*specq, "--target", str(tmp_path / "nope")], env=env, capture_output=True, text=True)
     assert bad_model.returncode == 2, bad_model.stderr
-    assert "cannot load the tokenizer" in bad_model.stderr and "not valid JSON" not in bad_model.stderr
+    assert "no folder exists at" in bad_model.stderr and "not valid JSON" not in bad_model.stderr
     bad_line = subprocess.run([*specq, "--target", tiny_pair[0]], env=env, capture_output=True, text=True)
     assert bad_line.returncode == 2 and f"{path}:2: not valid JSON" in bad_line.stderr
     assert_nothing_stored(env)
@@ -163,7 +163,7 @@ def test_cancel_and_retry_on_the_store_and_queue(env, tiny_pair, tmp_path) -> No
     assert job_status(env, job_id)["state"] == "queued"
 
     result = invoke(["cancel", job_id], env)
-    assert result.exit_code == 0 and "10 requests will not run" in result.output
+    assert result.exit_code == 0 and "10 queued requests will not run" in result.output
     assert job_status(env, job_id)["state"] == "cancelled"
     out = tmp_path / "cancelled.csv"
     assert invoke(["export", job_id, "-o", str(out)], env).exit_code == 0

@@ -50,7 +50,7 @@ from specq.worker.claims import (
 )
 from specq.worker.context import WorkerContext
 from specq.worker.metrics import served_model_name
-from specq.worker.results import end_batch, start_batch, store_results
+from specq.worker.results import end_batch, record_batch_progress, start_batch, store_results
 from specq.worker.startup import is_worker_side_load_failure
 
 if TYPE_CHECKING:
@@ -230,6 +230,7 @@ class _Writer:
         self.last_flush = time.monotonic()
         self.job_state: str = JobState.RUNNING
         self.written = 0
+        self.running: tuple[int, EngineStats] | None = None  # the batch in the engine: (its id, its counters)
 
     def add(self, result: GenerationResult, hold: bool = False) -> None:
         """Buffer a result; write the buffer when it is full or old, unless `hold` (a batch's last
@@ -251,6 +252,8 @@ class _Writer:
                 end_batch(session, *batch)
             if not self.buffer:
                 return
+            if batch is None and self.running is not None:
+                record_batch_progress(session, *self.running)
             outcome = store_results(session, self.job_id, self.buffer, self.ctx.config.name)
         if self.ctx.metrics is not None:
             since_enqueue = (utcnow() - self.enqueued_at).total_seconds()
@@ -295,6 +298,7 @@ def _run_batch(
         pair.target, pair.tokenizer, pair.draft, config, policy=ctx.policies.get(policy_key), suffix_index=suffix_index
     )
     ctx.policies[policy_key] = engine.policy
+    writer.running = (batch_id, engine.stats)
     results: Iterator[GenerationResult] = engine.generate(feed.requests(list(pending.values())))
     try:
         for result in results:
@@ -320,6 +324,7 @@ def _run_batch(
         close = getattr(results, "close", None)
         if close is not None:
             close()
+        writer.running = None
         writer.flush(batch=(batch_id, engine.stats))
         if ctx.metrics is not None:
             ctx.metrics.add_stats(writer.model, ctx.config.device, engine.stats)

@@ -110,23 +110,41 @@ def start_batch(session: Session, job_id: str, worker: str, device: str, size: i
     return batch.id
 
 
+def _draft_counters(stats: EngineStats) -> dict[str, Any]:
+    return {
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+        "accepted_per_position": list(stats.accepted_per_position),
+        "by_proposer": {name: dict(counters) for name, counters in stats.by_proposer.items()},
+    }
+
+
+def record_batch_progress(session: Session, batch_id: int, stats: EngineStats) -> None:
+    """The running batch's draft counters so far, written with each of its results: `status` and the
+    progress of `submit --wait` and `specq wait` show the acceptance while the batch runs, not only at
+    its end. The batch's other counters, and `ended_at`, come with `end_batch`."""
+    session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.ended_at.is_(None))
+        .values(**_draft_counters(stats))
+        .execution_options(synchronize_session=False)
+    )
+
+
 def end_batch(session: Session, batch_id: int, stats: EngineStats) -> None:
     session.execute(
         update(Batch)
         .where(Batch.id == batch_id)
         .values(
             ended_at=utcnow(),
-            num_drafts=stats.num_drafts,
-            num_draft_tokens=stats.num_draft_tokens,
-            num_accepted_tokens=stats.num_accepted_tokens,
-            accepted_per_position=list(stats.accepted_per_position),
+            **_draft_counters(stats),
             num_generated_tokens=stats.num_generated_tokens,
             num_steps=stats.num_steps,
             target_forwards=stats.target_forwards,
             draft_forwards=stats.draft_forwards,
             prefill_tokens=stats.prefill_tokens,
             seconds=stats.time_total_s,
-            by_proposer=stats.by_proposer,
         )
         .execution_options(synchronize_session=False)
     )
