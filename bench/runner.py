@@ -42,7 +42,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,7 +108,7 @@ class BenchSettings:
     num_prompts: int = 32  # twice the largest batch: continuous batching refills, static batching waits
     max_tokens: int = 64
     num_speculative_tokens: int = DRAFT_MODEL_SPECULATIVE_TOKENS
-    temperature: float = 0.0  # greedy: outputs must then match token for token across all runs
+    temperature: float = 0.0  # greedy (`sampling.greedy`): outputs must then match token for token across all runs
     warmup: int = 1  # full untimed passes before each timed one
     repeats: int = 1  # timed passes; the median rate is reported
     prompt_chars: int = 256
@@ -127,6 +127,11 @@ class BenchSettings:
             raise ValueError("warmup must be >= 0 and repeats >= 1")
         if self.hf_assistant_tokens is not None and self.hf_assistant_tokens < 1:
             raise ValueError(f"hf_assistant_tokens must be >= 1, got {self.hf_assistant_tokens}")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """How every prompt is decoded (prompt i with seed `seed` + i)."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature)
 
 
 @dataclass
@@ -419,18 +424,14 @@ def run_bench(
     (spec, spec_fixed, target_only, hf_batched, and hf_assisted with the first batch size), so that
     load from other processes, which drifts over minutes, hits every contender alike."""
     k = settings.num_speculative_tokens
-    greedy = settings.temperature == 0
+    sampling = settings.sampling
+    greedy = sampling.greedy
     requests = [
-        GenerationRequest(
-            i,
-            tuple(p),
-            SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature, seed=settings.seed + i),
-        )
-        for i, p in enumerate(prompts)
+        GenerationRequest(i, tuple(p), replace(sampling, seed=settings.seed + i)) for i, p in enumerate(prompts)
     ]
     eos_token_ids = SpeculativeEngine(target, tokenizer).eos_token_ids
     pad_token_id = _pad_token_id(tokenizer, eos_token_ids)
-    hf_config = hf_baselines.generation_config(settings.max_tokens, settings.temperature, pad_token_id, eos_token_ids)
+    hf_config = hf_baselines.generation_config(sampling, pad_token_id, eos_token_ids)
 
     assisted: Run | None = None
     rows: list[dict[str, Any]] = []

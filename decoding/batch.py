@@ -130,7 +130,7 @@ class BatchState:
         self.active = torch.zeros(0, dtype=torch.int64, device=device)
         self.target_cache = target_cache
         self.held_prompts = HeldPrompts()  # the prompt each row's target cache columns hold
-        self.sampling = SamplingTensors.build([], [], [], [], device, reproducible=reproducible)
+        self.sampling = SamplingTensors.build([], [], device, reproducible=reproducible)
         self.slots: list[Slot | None] = []
         # host mirrors, [rows] int64
         self.seq_h = np.zeros(0, np.int64)
@@ -272,11 +272,8 @@ class BatchState:
         self._refresh_sampling()
 
     def _refresh_sampling(self) -> None:
-        params = [slot.request.params if slot else None for slot in self.slots]
         self.sampling = SamplingTensors.build(
-            [p.temperature if p else 0.0 for p in params],
-            [p.top_p if p else 1.0 for p in params],
-            [p.top_k if p else 0 for p in params],
+            [slot.request.params if slot else None for slot in self.slots],
             [slot.seed if slot else 0 for slot in self.slots],
             self.device,
             reproducible=self.reproducible,
