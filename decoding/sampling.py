@@ -199,3 +199,10 @@ def sample_from_probs(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     threshold = torch.minimum(uniforms.unsqueeze(-1) * total, below_total)  # [..., 1]
     token = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
     return token.clamp_(max=weights.shape[-1] - 1)
+
+
+def check_probs(probs: torch.Tensor) -> None:
+    """`strict` mode's check of a distribution [..., V]: non-negative, summing to 1."""
+    total = probs.sum(-1)
+    assert torch.allclose(total, torch.ones_like(total), atol=1e-4), "probabilities do not sum to 1"
+    assert bool((probs >= 0).all()), "negative probability"

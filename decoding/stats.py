@@ -59,8 +59,22 @@ class EngineStats:
         self.timed_seconds[key] = self.timed_seconds.get(key, 0.0) + seconds
         self.timed_counts[key] = self.timed_counts.get(key, 0) + count
 
-    def count_drafts(self, sources: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        """Book one step's drafts by proposer: sources, drafted, accepted are [rows] of the live rows."""
+    @classmethod
+    def for_k(cls, max_k: int) -> EngineStats:
+        """Empty counters for an engine proposing at most `max_k` draft tokens a step."""
+        return cls(accepted_per_position=[0] * max_k)
+
+    def observe_drafts(self, sources: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Book one step's drafts, in total and by proposer (vLLM's `SpecDecodingStats.observe_draft`):
+        sources, drafted, accepted are [rows] of the live rows."""
+        self.num_drafts += int((drafted > 0).sum())
+        self.num_draft_tokens += int(drafted.sum())
+        self.num_accepted_tokens += int(accepted.sum())
+        # accepted_per_position[i] counts the rows that accepted more than i tokens
+        max_k = len(self.accepted_per_position)
+        at_least = np.bincount(accepted, minlength=max_k + 1)[::-1].cumsum()[::-1]  # [K + 1]
+        for i, count in enumerate(at_least[1 : max_k + 1].tolist()):
+            self.accepted_per_position[i] += count
         for source, name in enumerate(PROPOSERS):
             mine = (sources == source) & (drafted > 0)
             if mine.any():
@@ -68,6 +82,17 @@ class EngineStats:
                 counters["drafts"] += int(mine.sum())
                 counters["draft_tokens"] += int(drafted[mine].sum())
                 counters["accepted_tokens"] += int(accepted[mine].sum())
+
+    def observe_step(self, rows: int, k: int, *, t_draft: float, t_target: float, t_step: float) -> None:
+        """Book one step of `rows` rows proposing k draft tokens, and its measured times."""
+        self.num_steps += 1
+        self.time_draft_s += t_draft
+        self.time_target_s += t_target
+        self.k_steps[k] = self.k_steps.get(k, 0) + 1
+        if k:
+            self.add_time(f"draft@{rows}", t_draft, count=k)
+        self.add_time(f"target:{k + 1}@{rows}", t_target)
+        self.add_time(f"step:{k}@{rows}", t_step)
 
     def mean_seconds(self) -> dict[str, float]:
         return {key: self.timed_seconds[key] / n for key, n in self.timed_counts.items() if n}
