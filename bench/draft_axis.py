@@ -60,7 +60,7 @@ class _FreshIndexContender(_Contender):
     """An engine per pass, sharing one adaptive-k policy, each with an empty suffix index."""
 
     def __init__(self, run: Run, make_engine: Callable[[SpeculationPolicy | None], SpeculativeEngine], requests):
-        super().__init__(run, lambda: None)  # type: ignore[arg-type, return-value]
+        super().__init__(run)
         self.make_engine, self.requests = make_engine, requests
         self.policy: SpeculationPolicy | None = None
         self.timed: list[EngineStats] = []

@@ -8,7 +8,8 @@ Terms (vLLM's rejection sampler):
 - the *output* of a step for a sequence is its accepted tokens plus one recovered or bonus token.
 
 acceptance rate = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts
-(it counts the recovered or bonus token each draft also yields).
+(it counts the recovered or bonus token each draft also yields). What acceptance and a draft's cost
+promise: `leviathan_bound`.
 
 `by_proposer` splits drafts, draft tokens and accepted tokens by where each draft came from: the draft
 model, prompt lookup (`ngram`) or the job's suffix index (`suffix`); see `PROPOSERS`.
@@ -25,6 +26,18 @@ import numpy as np
 PROPOSERS = ("draft", "ngram", "suffix")
 DRAFT_MODEL, NGRAM, SUFFIX = range(3)
 PROPOSER_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+
+
+def leviathan_bound(alpha: float, cost_ratio: float, k: int) -> float:
+    """Expected speedup of speculative decoding with k draft tokens (Leviathan et al. 2023, Theorem
+    3.8): (1 - a^(k+1)) / ((1 - a)(k c + 1)), with its limit (k + 1) / (k c + 1) at a = 1.
+
+    `alpha` is the paper's acceptance rate: the probability that a draft token is accepted given
+    that the ones before it were, not vLLM's accepted / draft tokens; `cost_ratio` (c) is a draft
+    forward's time over a target forward's."""
+    if alpha >= 1.0:
+        return (k + 1) / (k * cost_ratio + 1)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
 
 
 def empty_by_proposer() -> dict[str, dict[str, int]]:
