@@ -18,7 +18,7 @@ import torch
 
 from specq.decoding.hf_model import Tokenizer, decode
 from specq.decoding.kv_cache import RaggedKVCache
-from specq.decoding.logprobs import LogprobBuffers, token_logprobs
+from specq.decoding.logprobs import LogprobBuffers
 from specq.decoding.prefix_reuse import HeldPrompts
 from specq.decoding.sampling import SamplingTensors
 from specq.decoding.static_shapes import capacity_bucket, row_bucket
@@ -160,6 +160,16 @@ class BatchState:
         self.seq_h = self.seq_h + emitted_h
         return Appended(output_ids=output_h, accepted=accepted_h, emitted=emitted_h)
 
+    def record_logprobs(self, target_logits: torch.Tensor, output_token_ids: torch.Tensor, *, vocab_size: int) -> None:
+        """Record, for the rows that asked, the log-probabilities of the step's output tokens [rows, k + 1]
+        at the columns they go to (decoding/logprobs.py); no host sync (the rows come from the host mirror)."""
+        asking = np.flatnonzero(self.logprobs_h >= 0)
+        if self.logprob_buffers is None or asking.size == 0:
+            return
+        rows_t = torch.from_numpy(asking).to(self.device)  # [n]
+        columns = self.seq_lens.index_select(0, rows_t).unsqueeze(1) + self.arange(output_token_ids.shape[1])
+        self.logprob_buffers.record(rows_t, columns, target_logits, output_token_ids, vocab_size=vocab_size)
+
     def count_drafts(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """Book `rows`' draft tokens offered and accepted this step ([len(rows)] each)."""
         self.draft_tokens_h[rows] += drafted
@@ -187,7 +197,7 @@ class BatchState:
             slot = self.slots[row]
             assert slot is not None
             reason, tokens = ended[row]
-            start = int(self.prompt_h[row])
+            start, wanted, buffers = int(self.prompt_h[row]), int(self.logprobs_h[row]), self.logprob_buffers
             if tokens is None:
                 tokens = sequence[start : start + self.generated_h[row]].tolist()
             result = GenerationResult(
@@ -203,7 +213,7 @@ class BatchState:
                 latency_s=now - slot.started,
                 first_token_s=None if slot.first_token_at is None else slot.first_token_at - slot.started,
                 # a stop string cuts the tokens, and so their log-probabilities
-                logprobs=token_logprobs(self, row, start, tokens, tokenizer) if self.logprobs_h[row] >= 0 else None,
+                logprobs=None if buffers is None or wanted < 0 else buffers.read(row, start, tokens, wanted, tokenizer),
             )
             results.append(result)
         self.release(rows)

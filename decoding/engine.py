@@ -55,7 +55,6 @@ from specq.decoding.idle_rows import IdleRows
 from specq.decoding.intake import RequestIntake
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.kv_cache import RaggedKVCache
-from specq.decoding.logprobs import record_logprobs
 from specq.decoding.model_free import HybridProposer, ModelFreeProposer
 from specq.decoding.prefill import TargetPrefill
 from specq.decoding.proposer import Proposer
@@ -232,7 +231,7 @@ class SpeculativeEngine:
         output_token_ids, _ = self._accept(batch, logits)  # [rows, 1]
         emitting = torch.zeros_like(batch.active)  # [rows]
         emitting[rows_t] = 1
-        record_logprobs(batch, logits, output_token_ids, vocab_size=self.target_lm.vocab_size)
+        batch.record_logprobs(logits, output_token_ids, vocab_size=self.target_lm.vocab_size)
         no_drafts = np.zeros(batch.rows, np.int64)  # [rows]
         report = self._advance(batch, rows, output_token_ids, mask=emitting, num_accepted=None, num_draft_h=no_drafts)
         return list(self._finish(batch, rows, report))
@@ -257,7 +256,7 @@ class SpeculativeEngine:
         output_token_ids, num_accepted = self._accept(
             batch, target_logits, draft_token_ids=draft_token_ids, draft_probs=draft_probs, num_draft=num_draft
         )
-        record_logprobs(batch, target_logits, output_token_ids, vocab_size=self.target_lm.vocab_size)
+        batch.record_logprobs(target_logits, output_token_ids, vocab_size=self.target_lm.vocab_size)
         report = self._advance(
             batch, live, output_token_ids, mask=batch.active, num_accepted=num_accepted, num_draft_h=num_draft_h
         )
@@ -370,7 +369,9 @@ class SpeculativeEngine:
         """Book the step's tokens for rows `live`; yield the results of those that ended."""
         now = time.perf_counter()
         batch.keep(live, report.kept, now)  # finished rows keep 0
-        ended = ended_rows(batch, live, report.kept, report.finish, report.output_ids)
+        ended = ended_rows(
+            live, report.kept, report.finish, report.output_ids, watching=batch.has_stops_h, slots=batch.slots
+        )
         if ended:
             results = batch.finish(ended, now, self.tokenizer)
             self.stats.num_generated_tokens += sum(result.completion_tokens for result in results)

@@ -3,23 +3,18 @@
 What a request with `logprobs` gets for each token of its completion: the target's raw log-probability
 of the token (its log-softmax before temperature, top-k and top-p, as OpenAI reports them) and of the
 likeliest alternatives. A step writes them on the device at the columns its tokens go to
-(`record_logprobs`, no host sync); they are read once, when the row's request ends (`token_logprobs`).
-Rows that did not ask cost nothing.
+(`LogprobBuffers.record`, no host sync); they are read once, when the row's request ends (`read`). Rows
+that did not ask cost nothing (`BatchState.record_logprobs` picks the rows that did).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from specq.decoding.hf_model import Tokenizer, decode
 from specq.decoding.types import TokenLogprob
-
-if TYPE_CHECKING:
-    from specq.decoding.batch import BatchState
 
 
 @dataclass
@@ -63,53 +58,43 @@ class LogprobBuffers:
 
         return LogprobBuffers(fit(self.chosen), fit(self.top_values), fit(self.top_ids))
 
+    def record(
+        self,
+        rows_t: torch.Tensor,
+        columns: torch.Tensor,
+        target_logits: torch.Tensor,
+        output_token_ids: torch.Tensor,
+        *,
+        vocab_size: int,
+    ) -> None:
+        """Write rows `rows_t` [n]' log-probabilities, at `columns` [n, k + 1], of their output tokens
+        (`output_token_ids` [rows, k + 1]) and of the likeliest alternatives, under the logits the step
+        verified with (`target_logits` [rows, k + 1, V]; past `vocab_size`: padding for a larger draft
+        vocabulary). Tokens past what a row keeps are overwritten later or never read."""
+        width = output_token_ids.shape[1]
+        logprobs = target_logits.index_select(0, rows_t)[..., :vocab_size].float().log_softmax(dim=-1)  # [n, k + 1, V]
+        outputs = output_token_ids.index_select(0, rows_t)  # [n, k + 1]
+        row_index = rows_t.unsqueeze(1).expand(-1, width)  # [n, k + 1]
+        self.chosen[row_index, columns] = logprobs.gather(-1, outputs.unsqueeze(-1)).squeeze(-1)  # [n, k + 1]
+        if self.top:
+            top_values, top_ids = logprobs.topk(self.top, dim=-1)  # [n, k + 1, top]
+            self.top_values[row_index, columns] = top_values
+            self.top_ids[row_index, columns] = top_ids
 
-def record_logprobs(
-    batch: BatchState, target_logits: torch.Tensor, output_token_ids: torch.Tensor, *, vocab_size: int
-) -> None:
-    """For rows that asked: the log-probabilities of the logits the step verified with ([rows, k + 1, V],
-    past `vocab_size`: padding for a larger draft vocabulary) of each output token [rows, k + 1] and of
-    the likeliest alternatives. Tokens past what a row keeps are overwritten later or never read. No
-    host sync (the rows come from the host mirror)."""
-    buffers = batch.logprob_buffers
-    asking = np.flatnonzero(batch.logprobs_h >= 0)
-    if buffers is None or asking.size == 0:
-        return
-    rows_t = torch.from_numpy(asking).to(batch.device)  # [n]
-    width = output_token_ids.shape[1]
-    logprobs = target_logits.index_select(0, rows_t)[..., :vocab_size].float().log_softmax(dim=-1)  # [n, k + 1, V]
-    outputs = output_token_ids.index_select(0, rows_t)  # [n, k + 1]
-    chosen = logprobs.gather(-1, outputs.unsqueeze(-1)).squeeze(-1)  # [n, k + 1]
-    columns = batch.seq_lens.index_select(0, rows_t).unsqueeze(1) + batch.arange(width)  # [n, k + 1]
-    row_index = rows_t.unsqueeze(1).expand(-1, width)  # [n, k + 1]
-    buffers.chosen[row_index, columns] = chosen
-    if buffers.top:
-        top_values, top_ids = logprobs.topk(buffers.top, dim=-1)  # [n, k + 1, top]
-        buffers.top_values[row_index, columns] = top_values
-        buffers.top_ids[row_index, columns] = top_ids
+    def read(self, row: int, start: int, tokens: list[int], wanted: int, tokenizer: Tokenizer) -> list[TokenLogprob]:
+        """Row `row`'s `tokens` (from column `start`) with their log-probabilities and `wanted` alternatives
+        each: two reads, the values (the token's own first) and the alternatives' ids."""
+        end = start + len(tokens)
+        own = self.chosen[row, start:end, None]  # [n, 1]
+        values = torch.cat([own, self.top_values[row, start:end, :wanted]], dim=1).tolist()  # [n, 1 + wanted]
+        top_ids = self.top_ids[row, start:end, :wanted].tolist()  # [n, wanted]
 
+        def text(token_id: int) -> str:
+            return decode(tokenizer, [token_id])
 
-def token_logprobs(
-    batch: BatchState, row: int, start: int, tokens: list[int], tokenizer: Tokenizer
-) -> list[TokenLogprob]:
-    """A finished row's `tokens` (from column `start`) with their recorded log-probabilities: two reads,
-    the values (the token's own first) and the alternatives' ids."""
-    buffers = batch.logprob_buffers
-    assert buffers is not None
-    wanted, end = int(batch.logprobs_h[row]), start + len(tokens)
-    values = torch.cat(
-        [buffers.chosen[row, start:end, None], buffers.top_values[row, start:end, :wanted]], dim=1
-    ).tolist()  # [n, 1 + wanted]
-    top_ids = buffers.top_ids[row, start:end, :wanted].tolist()  # [n, wanted]
-    chosen = [v[0] for v in values]
-    top_values = [v[1:] for v in values]
-
-    def text(token_id: int) -> str:
-        return decode(tokenizer, [token_id])
-
-    return [
-        TokenLogprob(
-            token_id, text(token_id), logprob, tuple((i, text(i), v) for i, v in zip(ids, values, strict=True))
-        )
-        for token_id, logprob, ids, values in zip(tokens, chosen, top_ids, top_values, strict=True)
-    ]
+        return [
+            TokenLogprob(
+                token_id, text(token_id), own[0], tuple((i, text(i), v) for i, v in zip(ids, own[1:], strict=True))
+            )
+            for token_id, own, ids in zip(tokens, values, top_ids, strict=True)
+        ]

@@ -13,15 +13,13 @@ would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from specq.decoding.hf_model import Tokenizer, decode
-
-if TYPE_CHECKING:
-    from specq.decoding.batch import BatchState
-    from specq.decoding.types import FinishReason
+from specq.decoding.types import FinishReason
 
 RUNNING, FINISHED_STOP, FINISHED_LENGTH = 0, 1, 2  # a row after a step: going on, ended on EOS, on max_tokens
 
@@ -131,15 +129,28 @@ def endings(
     return kept, finish
 
 
+class Watched(Protocol):
+    """A row's request as `ended_rows` reads it (decoding.batch.Slot)."""
+
+    stops: StopChecker | None
+
+
 def ended_rows(
-    batch: BatchState, live: np.ndarray, kept: np.ndarray, finish: np.ndarray, output_ids: np.ndarray
+    live: np.ndarray,
+    kept: np.ndarray,
+    finish: np.ndarray,
+    output_ids: np.ndarray,
+    *,
+    watching: np.ndarray,
+    slots: Sequence[Watched | None],
 ) -> dict[int, tuple[FinishReason, list[int] | None]]:
     """The rows of `live` that ended this step (`kept`, `finish` [rows] from `endings`, `output_ids` [rows,
-    k + 1] the step's output): row -> (finish reason, its completion where a stop string cut it, else
-    None). Only rows that ended or watch for stop strings are looked at; the rest stay vectorised."""
+    k + 1] the step's output; `watching` [rows]: whether a row's request has stop strings, in `slots`):
+    row -> (finish reason, its completion where a stop string cut it, else None). Only rows that ended or
+    watch for stop strings are looked at; the rest stay vectorised."""
     ended: dict[int, tuple[FinishReason, list[int] | None]] = {}
-    for row in live[(finish[live] != RUNNING) | batch.has_stops_h[live]]:
-        slot = batch.slots[row]
+    for row in live[(finish[live] != RUNNING) | watching[live]]:
+        slot = slots[row]
         assert slot is not None
         if slot.stops is not None:
             cut = slot.stops.feed(output_ids[row, : kept[row]].tolist())
