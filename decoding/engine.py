@@ -21,11 +21,9 @@ k is chosen per step by `SpeculationPolicy` (decoding/k_policy.py) from the rows
 step times (decoding/draft_plan.py; k = 0 is plain decoding, the only mode without a proposer; while the
 policy rests, the step asks the proposer for nothing). Requests take free rows once checked
 (decoding/intake.py); the target's prefill of them emits each one's first token itself
-(decoding/prefill.py), so no step is spent on it. Free rows are refilled from the waiting requests,
-several to a prefill (rows of similar length in one forward, decoding/prefill_groups.py): rows end on
-different steps, and refilling each at once would pay a forward's fixed cost per row or two, so free
-rows wait while the steps they idle through cost less; once no request waits, free rows are dropped
-(decoding/batch.py) once they cost as much as dropping them (both: decoding/idle_rows.py).
+(decoding/prefill.py), so no step is spent on it. Rows end on different steps: free rows are refilled
+several to a prefill (rows of similar length in one forward, decoding/prefill_groups.py) and, once no
+request waits, dropped, each when the steps they idle through cost more (decoding/idle_rows.py).
 
 Invariants at the start of a step, per row: the sequence (prompt and generated tokens) is
 `token_ids[:seq_len]`; the target cache holds its first `seq_len - 1` tokens (the last one is the
@@ -46,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specq.decoding.batch import BatchState
+from specq.decoding.batch import Appended, BatchState
 from specq.decoding.config import DecodingConfig
 from specq.decoding.draft_model import DraftModelProposer
 from specq.decoding.draft_plan import plan_drafts
@@ -77,14 +75,12 @@ from specq.decoding.types import GenerationRequest, GenerationResult
 
 @dataclass
 class _StepReport:
-    """What the host learns from one step, [rows] each (output_ids [rows, k + 1])."""
+    """What the host learns from one step, [rows] each."""
 
+    appended: Appended  # each row's output ids, accepted and emitted (appended) tokens
     kept: np.ndarray  # tokens that stay in the completion (up to EOS or max_tokens)
     finish: np.ndarray  # decoding.stopping's RUNNING, FINISHED_STOP (EOS) or FINISHED_LENGTH
-    accepted: np.ndarray  # draft tokens accepted
     drafted: np.ndarray  # draft tokens offered
-    emitted: np.ndarray  # tokens appended to the row's sequence (accepted + 1), EOS and past it included
-    output_ids: np.ndarray  # the step's accepted tokens and recovered or bonus token, then padding
 
 
 class SpeculativeEngine:
@@ -352,15 +348,14 @@ class SpeculativeEngine:
         room = batch.max_tokens_h - (batch.seq_h - batch.prompt_h)  # [rows] tokens each row may still add
         appended = batch.append(output_token_ids, num_accepted=num_accepted, rows=rows, mask=mask)
         kept, finish = endings(appended.output_ids, appended.emitted, room, self._eos_h)
-        report = _StepReport(kept, finish, appended.accepted, num_draft_h, appended.emitted, appended.output_ids)
         if self.proposer is not None:
-            self.proposer.advance(batch, report.output_ids, report.emitted)
-        return report
+            self.proposer.advance(batch, appended.output_ids, appended.emitted)
+        return _StepReport(appended=appended, kept=kept, finish=finish, drafted=num_draft_h)
 
     def _count_drafts(self, batch: BatchState, live: np.ndarray, report: _StepReport, sources: np.ndarray) -> None:
         """Book a speculative step's draft tokens and acceptance for rows `live`, by proposer (`sources`
         [rows]), with the rows, the policy and the stats."""
-        accepted, drafted, live_sources = report.accepted[live], report.drafted[live], sources[live]
+        accepted, drafted, live_sources = report.appended.accepted[live], report.drafted[live], sources[live]
         batch.count_drafts(live, drafted, accepted)
         self.policy.observe_acceptance(accepted, drafted, live_sources)
         self.stats.observe_drafts(live_sources, drafted, accepted)
@@ -369,9 +364,8 @@ class SpeculativeEngine:
         """Book the step's tokens for rows `live`; yield the results of those that ended."""
         now = time.perf_counter()
         batch.keep(live, report.kept, now)  # finished rows keep 0
-        ended = ended_rows(
-            live, report.kept, report.finish, report.output_ids, watching=batch.has_stops_h, slots=batch.slots
-        )
+        output_ids = report.appended.output_ids
+        ended = ended_rows(live, report.kept, report.finish, output_ids, watching=batch.has_stops_h, slots=batch.slots)
         if ended:
             results = batch.finish(ended, now, self.tokenizer)
             self.stats.num_generated_tokens += sum(result.completion_tokens for result in results)

@@ -58,7 +58,13 @@ class TargetPrefill:
             prompt_ids, starts = self._unshared_tails(batch, admission, leaders, stats)  # [n, width]
             lengths = admission.prompt_lens - (0 if starts is None else starts)  # [n]
             first_logits, forwards = self.lm.prefill_rows(
-                batch.target_cache, admission.rows, prompt_ids, lengths, self.vocab_size, starts, last_logits=True
+                batch.target_cache,
+                admission.rows,
+                prompt_ids,
+                lengths,
+                self.vocab_size,
+                starts=starts,
+                last_logits=True,
             )  # [n, V]
             stats.target_forwards += forwards
         else:
