@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from specq.bench.runner import (
@@ -59,7 +60,7 @@ class _FreshIndexContender(_Contender):
     """An engine per pass, sharing one adaptive-k policy, each with an empty suffix index."""
 
     def __init__(self, run: Run, make_engine: Callable[[SpeculationPolicy | None], SpeculativeEngine], requests):
-        super().__init__(run, lambda: None)  # type: ignore[arg-type, return-value]
+        super().__init__(run)
         self.make_engine, self.requests = make_engine, requests
         self.policy: SpeculationPolicy | None = None
         self.timed: list[EngineStats] = []
@@ -137,10 +138,7 @@ def run_draft_axis(
         prompts = [tokenize_prompt(tokenizer, prompt=text) for text in texts]
         prompt_counts[workload] = sum(map(len, prompts))
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
-        requests = [
-            GenerationRequest(i, tuple(p), SamplingParams(**{**vars(params), "seed": seed + i}))
-            for i, p in enumerate(prompts)
-        ]
+        requests = [GenerationRequest(i, tuple(p), replace(params, seed=seed + i)) for i, p in enumerate(prompts)]
         if drop_loops:
             kept = _without_loops(target, tokenizer, requests, max(batch_sizes))
             dropped[workload] = len(requests) - len(kept)
@@ -172,7 +170,7 @@ def run_draft_axis(
             progress(f"{workload} B={b}: {', '.join(names)}")
             _measure(contenders, settings)
             runs = {c.run.name: c.run for c in contenders}
-            rows.append(_row(workload, b, runs, compare=temperature == 0))
+            rows.append(_row(workload, b, runs, compare=params.greedy))
             progress(_summary(rows[-1]))
     return {"rows": rows, "prompt_tokens": prompt_counts, **({"dropped_loops": dropped} if drop_loops else {})}
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedModel
 
+    from specq.decoding.types import SamplingParams
+
 
 @dataclass
 class BaselineRun:
@@ -42,19 +44,18 @@ def completion_tokens(generated: Sequence[int], eos_token_ids: Collection[int]) 
     return list(generated)
 
 
-def generation_config(
-    max_new_tokens: int, temperature: float, pad_token_id: int, eos_token_ids: Collection[int]
-) -> GenerationConfig:
-    """The HF settings that decode like the engine: greedy at temperature 0, else plain sampling."""
+def generation_config(params: SamplingParams, pad_token_id: int, eos_token_ids: Collection[int]) -> GenerationConfig:
+    """The HF settings that decode like the engine with `params` (their max_tokens and temperature):
+    greedy where the engine is (`SamplingParams.greedy`), else plain sampling."""
     from transformers import GenerationConfig
 
     sampling: dict[str, Any] = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}  # no cut, as the engine
-        if temperature > 0
-        else {"do_sample": False}
+        {"do_sample": False}
+        if params.greedy
+        else {"do_sample": True, "temperature": params.temperature, "top_k": 0, "top_p": 1.0}  # no cut, as the engine
     )
     return GenerationConfig(
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=params.max_tokens,
         pad_token_id=pad_token_id,
         eos_token_id=sorted(eos_token_ids),
         **sampling,

@@ -42,7 +42,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,6 +51,8 @@ import torch
 from specq.bench import hf_baselines
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.config import DRAFT_MODEL_SPECULATIVE_TOKENS
+from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.stats import leviathan_bound
 from specq.limits import BENCH_SPECULATIVE_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -59,47 +61,58 @@ SPECQ_RUNS = ("spec", "spec_fixed", "target_only")
 RUNS = (*SPECQ_RUNS, "hf_batched", "hf_assisted")
 REFERENCE_RUN = "target_only"  # the target's own greedy output, to which every other run is compared
 
-# Every row of the results has these keys (None where a run was skipped or a number is undefined).
-ROW_COLUMNS = (
-    "batch_size",
-    "rows",
-    "spec_tokens_per_s",
-    "spec_fixed_tokens_per_s",
-    "target_only_tokens_per_s",
-    "hf_batched_tokens_per_s",
-    "hf_assisted_tokens_per_s",
-    "spec_tokens_per_cpu_s",
-    "spec_fixed_tokens_per_cpu_s",
-    "target_only_tokens_per_cpu_s",
-    "hf_batched_tokens_per_cpu_s",
-    "hf_assisted_tokens_per_cpu_s",
-    "spec_over_target_only",
-    "spec_over_hf_batched",
-    "spec_over_hf_assisted",
-    "target_only_over_hf_batched",
-    "acceptance_rate",
-    "alpha",
-    "mean_acceptance_length",
-    "spec_acceptance_rate",
-    "spec_mean_acceptance_length",
-    "spec_mean_k",
-    "spec_k_steps",
-    "t_target_step_ms",
-    "t_draft_step_ms",
-    "t_verify_ms",
-    "t_step_fixed_ms",
-    "step_overhead_ms",
-    "cost_ratio",
-    "leviathan_bound",
-    "achievable_limit",
-    "speedup_fixed",
-    "speedup_adaptive",
-    "efficiency_fixed",
-    "efficiency_adaptive",
-    "same_output",
-    "same_output_prompts",
-    "mismatches",
-)
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One row of the results: every way of decoding at one batch size, and what derives from them
+    (`derive_row`). Stored as a dict; None where a run was skipped or a number is undefined."""
+
+    batch_size: int
+    rows: int  # the batch the engine formed: min(B, prompts)
+    # completion tokens per second of each run (RUNS), wall clock and per CPU-second of this process
+    spec_tokens_per_s: float | None
+    spec_fixed_tokens_per_s: float | None
+    target_only_tokens_per_s: float | None
+    hf_batched_tokens_per_s: float | None
+    hf_assisted_tokens_per_s: float | None
+    spec_tokens_per_cpu_s: float | None
+    spec_fixed_tokens_per_cpu_s: float | None
+    target_only_tokens_per_cpu_s: float | None
+    hf_batched_tokens_per_cpu_s: float | None
+    hf_assisted_tokens_per_cpu_s: float | None
+    # paired ratios of those rates (`paired_ratio`)
+    spec_over_target_only: float | None
+    spec_over_hf_batched: float | None
+    spec_over_hf_assisted: float | None
+    target_only_over_hf_batched: float | None
+    # acceptance: vLLM's (a) and Leviathan's (alpha) of the K-fixed run; the adaptive run's beside them
+    acceptance_rate: float
+    alpha: float | None
+    mean_acceptance_length: float
+    spec_acceptance_rate: float
+    spec_mean_acceptance_length: float
+    spec_mean_k: float | None
+    spec_k_steps: dict[str, int]  # k -> the adaptive run's steps that proposed k
+    # measured times and what they allow (the module's docstring)
+    t_target_step_ms: float | None
+    t_draft_step_ms: float | None
+    t_verify_ms: float | None
+    t_step_fixed_ms: float | None
+    step_overhead_ms: float | None
+    cost_ratio: float | None
+    leviathan_bound: float | None
+    achievable_limit: float | None
+    speedup_fixed: float | None
+    speedup_adaptive: float | None
+    efficiency_fixed: float | None
+    efficiency_adaptive: float | None
+    # greedy runs only: whether every run's outputs equal the reference run's
+    same_output: bool | None
+    same_output_prompts: int | None
+    mismatches: list[dict[str, Any]] | None
+
+
+ROW_COLUMNS = tuple(f.name for f in fields(BenchRow))  # every row of the results has these keys
 
 
 @dataclass(frozen=True)
@@ -108,7 +121,7 @@ class BenchSettings:
     num_prompts: int = 32  # twice the largest batch: continuous batching refills, static batching waits
     max_tokens: int = 64
     num_speculative_tokens: int = DRAFT_MODEL_SPECULATIVE_TOKENS
-    temperature: float = 0.0  # greedy: outputs must then match token for token across all runs
+    temperature: float = 0.0  # greedy (`sampling.greedy`): outputs must then match token for token across all runs
     warmup: int = 1  # full untimed passes before each timed one
     repeats: int = 1  # timed passes; the median rate is reported
     prompt_chars: int = 256
@@ -127,6 +140,11 @@ class BenchSettings:
             raise ValueError("warmup must be >= 0 and repeats >= 1")
         if self.hf_assistant_tokens is not None and self.hf_assistant_tokens < 1:
             raise ValueError(f"hf_assistant_tokens must be >= 1, got {self.hf_assistant_tokens}")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """How every prompt is decoded (prompt i with seed `seed` + i)."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature)
 
 
 @dataclass
@@ -173,17 +191,6 @@ class Run:
 
 
 # -- the derived numbers (pure) ---------------------------------------------------------------------
-def leviathan_bound(alpha: float, cost_ratio: float, k: int) -> float:
-    """Expected speedup of speculative decoding with k draft tokens (Leviathan et al. 2023, Theorem
-    3.8): (1 - a^(k+1)) / ((1 - a)(k c + 1)), with its limit (k + 1) / (k c + 1) at a = 1.
-
-    `alpha` is the paper's acceptance rate: the probability that a draft token is accepted given
-    that the ones before it were (see `per_token_acceptance`), not vLLM's accepted / draft tokens."""
-    if alpha >= 1.0:
-        return (k + 1) / (k * cost_ratio + 1)
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
-
-
 def per_token_acceptance(num_drafts: int, accepted_per_position: Sequence[int]) -> float | None:
     """Leviathan's alpha from the engine's raw counters: accepted draft tokens / draft positions the
     target looked at (position j of a draft is looked at when positions < j were all accepted).
@@ -309,38 +316,40 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
     def ms(seconds: float | None) -> float | None:
         return None if seconds is None else seconds * 1e3
 
-    return {
-        "batch_size": batch_size,
-        "rows": rows,
-        **{f"{name}_tokens_per_s": rate.get(name) for name in RUNS},
-        **{f"{name}_tokens_per_cpu_s": cpu_rate.get(name) for name in RUNS},
-        "spec_over_target_only": speedup_adaptive,
-        "spec_over_hf_batched": paired_ratio(spec, runs.get("hf_batched")),
-        "spec_over_hf_assisted": paired_ratio(spec, runs.get("hf_assisted")),
-        "target_only_over_hf_batched": paired_ratio(plain, runs.get("hf_batched")),
-        "acceptance_rate": a,
-        "alpha": alpha,
-        "mean_acceptance_length": e,
-        "spec_acceptance_rate": spec.stats["acceptance_rate"],
-        "spec_mean_acceptance_length": spec.stats["mean_acceptance_length"],
-        "spec_mean_k": mean_k(spec.k_steps),
-        "spec_k_steps": {str(kk): n for kk, n in sorted((spec.k_steps or {}).items())},
-        "t_target_step_ms": ms(t_target),
-        "t_draft_step_ms": ms(t_draft),
-        "t_verify_ms": ms(t_verify),
-        "t_step_fixed_ms": ms(t_step),
-        "step_overhead_ms": ms(t_step - k * t_draft - t_verify) if t_step and t_draft and t_verify else None,
-        "cost_ratio": c,
-        "leviathan_bound": bound,
-        "achievable_limit": limit,
-        "speedup_fixed": speedup_fixed,
-        "speedup_adaptive": speedup_adaptive,
-        "efficiency_fixed": ratio(speedup_fixed, limit),
-        "efficiency_adaptive": ratio(speedup_adaptive, limit),
-        "same_output": None if mismatches is None else not mismatches,
-        "same_output_prompts": None if mismatches is None else len(plain.outputs) - len(differing),
-        "mismatches": mismatches,
-    }
+    return asdict(
+        BenchRow(
+            batch_size=batch_size,
+            rows=rows,
+            **{f"{name}_tokens_per_s": rate.get(name) for name in RUNS},
+            **{f"{name}_tokens_per_cpu_s": cpu_rate.get(name) for name in RUNS},
+            spec_over_target_only=speedup_adaptive,
+            spec_over_hf_batched=paired_ratio(spec, runs.get("hf_batched")),
+            spec_over_hf_assisted=paired_ratio(spec, runs.get("hf_assisted")),
+            target_only_over_hf_batched=paired_ratio(plain, runs.get("hf_batched")),
+            acceptance_rate=a,
+            alpha=alpha,
+            mean_acceptance_length=e,
+            spec_acceptance_rate=spec.stats["acceptance_rate"],
+            spec_mean_acceptance_length=spec.stats["mean_acceptance_length"],
+            spec_mean_k=mean_k(spec.k_steps),
+            spec_k_steps={str(kk): n for kk, n in sorted((spec.k_steps or {}).items())},
+            t_target_step_ms=ms(t_target),
+            t_draft_step_ms=ms(t_draft),
+            t_verify_ms=ms(t_verify),
+            t_step_fixed_ms=ms(t_step),
+            step_overhead_ms=ms(t_step - k * t_draft - t_verify) if t_step and t_draft and t_verify else None,
+            cost_ratio=c,
+            leviathan_bound=bound,
+            achievable_limit=limit,
+            speedup_fixed=speedup_fixed,
+            speedup_adaptive=speedup_adaptive,
+            efficiency_fixed=ratio(speedup_fixed, limit),
+            efficiency_adaptive=ratio(speedup_adaptive, limit),
+            same_output=None if mismatches is None else not mismatches,
+            same_output_prompts=None if mismatches is None else len(plain.outputs) - len(differing),
+            mismatches=mismatches,
+        )
+    )
 
 
 def check_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -419,18 +428,14 @@ def run_bench(
     (spec, spec_fixed, target_only, hf_batched, and hf_assisted with the first batch size), so that
     load from other processes, which drifts over minutes, hits every contender alike."""
     k = settings.num_speculative_tokens
-    greedy = settings.temperature == 0
+    sampling = settings.sampling
+    greedy = sampling.greedy
     requests = [
-        GenerationRequest(
-            i,
-            tuple(p),
-            SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature, seed=settings.seed + i),
-        )
-        for i, p in enumerate(prompts)
+        GenerationRequest(i, tuple(p), replace(sampling, seed=settings.seed + i)) for i, p in enumerate(prompts)
     ]
     eos_token_ids = SpeculativeEngine(target, tokenizer).eos_token_ids
     pad_token_id = _pad_token_id(tokenizer, eos_token_ids)
-    hf_config = hf_baselines.generation_config(settings.max_tokens, settings.temperature, pad_token_id, eos_token_ids)
+    hf_config = hf_baselines.generation_config(sampling, pad_token_id, eos_token_ids)
 
     assisted: Run | None = None
     rows: list[dict[str, Any]] = []
@@ -443,11 +448,11 @@ def run_bench(
             contenders.append(_EngineContender(Run(name, b), engine, requests))
         if settings.hf_batched:
             batched = functools.partial(hf_baselines.batched_generate, target, prompts, b, hf_config, eos_token_ids)
-            contenders.append(_Contender(Run("hf_batched", b), batched))
+            contenders.append(_BaselineContender(Run("hf_batched", b), batched))
         if settings.hf_assisted and assisted is None:
             assisted = Run("hf_assisted", 1)
             contenders.append(
-                _Contender(
+                _BaselineContender(
                     assisted,
                     functools.partial(
                         hf_baselines.assisted_generate,
@@ -591,12 +596,12 @@ def _pad_token_id(tokenizer, eos_token_ids: Iterable[int]) -> int:
 class _Contender:
     """One way of decoding all the prompts: `once()` is one full pass."""
 
-    def __init__(self, run: Run, once: Callable[[], hf_baselines.BaselineRun]):
-        self.run, self._once = run, once
+    def __init__(self, run: Run) -> None:
+        self.run = run
 
     def once(self) -> tuple[dict[int, list[int]], float]:
-        result = self._once()
-        return result.outputs, result.seconds
+        """One full pass: the completions by prompt index, and its wall-clock seconds."""
+        raise NotImplementedError
 
     def begin(self) -> None:
         """Called after the warm-up, before the first timed pass."""
@@ -605,11 +610,23 @@ class _Contender:
         """Called after the last timed pass."""
 
 
+class _BaselineContender(_Contender):
+    """An HF baseline (bench/hf_baselines.py): `generate` is one full pass."""
+
+    def __init__(self, run: Run, generate: Callable[[], hf_baselines.BaselineRun]) -> None:
+        super().__init__(run)
+        self.generate = generate
+
+    def once(self) -> tuple[dict[int, list[int]], float]:
+        result = self.generate()
+        return result.outputs, result.seconds
+
+
 class _EngineContender(_Contender):
     """A specq engine; its policy keeps what the warm-up measured, its stats cover the timed passes."""
 
-    def __init__(self, run: Run, engine: SpeculativeEngine, requests: list[GenerationRequest]):
-        super().__init__(run, lambda: hf_baselines.BaselineRun({}, 0.0))
+    def __init__(self, run: Run, engine: SpeculativeEngine, requests: list[GenerationRequest]) -> None:
+        super().__init__(run)
         self.engine, self.requests = engine, requests
 
     def once(self) -> tuple[dict[int, list[int]], float]:
@@ -622,7 +639,7 @@ class _EngineContender(_Contender):
 
     def end(self) -> None:
         self.run.stats = self.engine.stats.to_dict()
-        self.run.policy = _policy_snapshot(self.engine)
+        self.run.policy = _policy_snapshot(self.engine.policy)
 
 
 def _measure(contenders: list[_Contender], settings: BenchSettings) -> None:
@@ -655,32 +672,28 @@ def _collect(results) -> dict[int, list[int]]:
     return outputs
 
 
-def _policy_snapshot(engine: SpeculativeEngine) -> dict[str, Any] | None:
+def _policy_snapshot(policy: SpeculationPolicy) -> dict[str, Any]:
     """The policy's estimates, for diagnosis: alpha_j per draft position, and its step-time medians in ms
     (a step's drafting by its draft forwards, target forward by width, the rest of a step), by row count."""
-    policy = engine.policy
-    try:
 
-        def ms(timing) -> float | None:
-            return None if timing.value is None else round(timing.value * 1e3, 3)
+    def ms(timing) -> float | None:  # a k_policy timing: its running median, None until measured
+        return None if timing.value is None else round(timing.value * 1e3, 3)
 
-        return {
-            "alpha": [round(float(a), 4) for a in policy.acceptance()],
-            "t_draft_ms": {
-                str(rows): {str(n): ms(m) for n, m in sorted(by_forwards.items())}
-                for rows, by_forwards in sorted(policy.t_draft.items())
-            },
-            "t_target_ms": {
-                str(rows): {str(w): ms(m) for w, m in sorted(widths.items())}
-                for rows, widths in sorted(policy.t_target.items())
-            },
-            "t_overhead_ms": {
-                ("speculative" if speculative else "plain"): {str(rows): ms(m) for rows, m in sorted(table.items())}
-                for speculative, table in policy.t_overhead.items()
-            },
-        }
-    except (AttributeError, TypeError):  # a policy of another shape: the snapshot is optional
-        return None
+    return {
+        "alpha": [round(float(a), 4) for a in policy.acceptance()],
+        "t_draft_ms": {
+            str(rows): {str(n): ms(m) for n, m in sorted(by_forwards.items())}
+            for rows, by_forwards in sorted(policy.t_draft.items())
+        },
+        "t_target_ms": {
+            str(rows): {str(w): ms(m) for w, m in sorted(widths.items())}
+            for rows, widths in sorted(policy.t_target.items())
+        },
+        "t_overhead_ms": {
+            ("speculative" if speculative else "plain"): {str(rows): ms(m) for rows, m in sorted(table.items())}
+            for speculative, table in policy.t_overhead.items()
+        },
+    }
 
 
 def _line(run: Run) -> str:

@@ -38,7 +38,7 @@ def main() -> None:
     requests = [GenerationRequest(i, tuple(p), params) for i, p in enumerate(prompts)]
     engine = SpeculativeEngine(model, pair.tokenizer, None, DecodingConfig(batch_size=args.batch_size))
     eos = engine.eos_token_ids
-    config = hf_baselines.generation_config(args.max_tokens, 0.0, pair.tokenizer.pad_token_id or min(eos), eos)
+    config = hf_baselines.generation_config(params, pair.tokenizer.pad_token_id or min(eos), eos)
 
     timed = {"decode_s": 0.0, "decode_calls": 0, "prefill_s": 0.0}
     forward = model.forward

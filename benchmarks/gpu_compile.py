@@ -108,7 +108,7 @@ def main() -> None:
         sync()
         return tokens / (time.perf_counter() - started), engine.stats.acceptance_rate
 
-    hf_config = hf_baselines.generation_config(max_tokens, 0.0, 0, {1})
+    hf_config = hf_baselines.generation_config(params, 0, {1})
     rows = []
     for batch_size in batch_sizes:
         specq_rate(eager, batch_size), specq_rate(compiled, batch_size)  # warm-up: kernels, graphs, caches

@@ -105,7 +105,6 @@ GENERATION_PARAMS = (
     "served_model_name",
     "compile",
 )
-SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
 
 def compile_option(default: str, help: str) -> Callable[[F], F]:
@@ -247,6 +246,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
     A request's SamplingParams are then `jobs.params.sampling_params(generation.sampling, spec.overrides)`.
     """
     from specq.decoding.config import DecodingConfig
+    from specq.decoding.types import SAMPLING_KEYS
     from specq.jobs.chat_template import load_chat_template
 
     decoding: dict[str, Any] = {"fixed_k": bool(values["fixed_k"])}
@@ -268,7 +268,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         target=values["target"],
         draft=draft,
         decoding=config,
-        sampling={k: values[k] for k in SAMPLING_PARAMS if values[k] is not None},
+        sampling={k: values[k] for k in SAMPLING_KEYS if values.get(k) is not None},  # no flag sets `stop`
         device=values["device"] or None,
         dtype=values["dtype"].lower() if values["dtype"] else None,
         chat_template=chat_template,

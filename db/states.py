@@ -29,7 +29,6 @@ class RequestState(StrEnum):
 
 
 JOB_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED})
-REQUEST_ENDED = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED, RequestState.EXPIRED})
 # a job in one of these has nothing for a worker to claim
 NOT_CLAIMABLE = frozenset({JobState.CANCELLED, JobState.EXPIRED})
 

@@ -11,20 +11,19 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from specq.decoding.hf_model import Tokenizer, decode
 from specq.decoding.kv_cache import RaggedKVCache
+from specq.decoding.logprobs import LogprobBuffers
 from specq.decoding.prefix_reuse import HeldPrompts
 from specq.decoding.sampling import SamplingTensors
 from specq.decoding.static_shapes import capacity_bucket, row_bucket
 from specq.decoding.stopping import StopChecker
-from specq.decoding.types import GenerationRequest
-
-if TYPE_CHECKING:
-    from specq.decoding.hf_model import Tokenizer
+from specq.decoding.types import FinishReason, GenerationRequest, GenerationResult
 
 _CAPACITY_QUANTUM = 64  # cache columns are allocated in multiples of this, to grow rarely
 
@@ -55,48 +54,6 @@ class Slot:
 
 
 @dataclass
-class LogprobBuffers:
-    """The target's log-probabilities of the token at each column of each row, written in the step that
-    emits the token (on the device, no sync) and read once, when the row's request ends."""
-
-    chosen: torch.Tensor  # [rows, capacity] float32: the token's own log-probability
-    top_values: torch.Tensor  # [rows, capacity, top] float32: the `top` likeliest tokens' log-probabilities
-    top_ids: torch.Tensor  # [rows, capacity, top] int64: their ids
-
-    @property
-    def top(self) -> int:
-        return self.top_values.shape[-1]
-
-    @classmethod
-    def grown(
-        cls, old: LogprobBuffers | None, rows: int, capacity: int, top: int, device: torch.device
-    ) -> LogprobBuffers:
-        """Buffers for `top` alternatives, holding what `old` (None: nothing) held."""
-        new = cls(
-            torch.zeros(rows, capacity, device=device),
-            torch.zeros(rows, capacity, top, device=device),
-            torch.zeros(rows, capacity, top, dtype=torch.int64, device=device),
-        )
-        if old is not None:
-            new.chosen.copy_(old.chosen)
-            new.top_values[..., : old.top] = old.top_values
-            new.top_ids[..., : old.top] = old.top_ids
-        return new
-
-    def resized(self, rows: int, capacity: int, keep: torch.Tensor | None) -> LogprobBuffers:
-        """Rows `keep` (None: all) first, then zeroed rows up to `rows`, `capacity` columns each."""
-
-        def fit(t: torch.Tensor) -> torch.Tensor:
-            t = t if keep is None else t.index_select(0, keep)
-            out = t.new_zeros(rows, capacity, *t.shape[2:])
-            width = min(t.shape[1], capacity)
-            out[: t.shape[0], :width] = t[:, :width]
-            return out
-
-        return LogprobBuffers(fit(self.chosen), fit(self.top_values), fit(self.top_ids))
-
-
-@dataclass
 class Admission:
     """Requests just placed into rows, their prompts written; what the prefills need."""
 
@@ -104,6 +61,15 @@ class Admission:
     rows_t: torch.Tensor  # [n] int64, the same rows on the device
     prompt_ids: torch.Tensor  # [n, width] int64, right-padded with 0
     prompt_lens: np.ndarray  # [n] int64
+
+
+@dataclass
+class Appended:
+    """What the host learns of a step's appended tokens, [rows] host arrays (0 for rows not appended to)."""
+
+    output_ids: np.ndarray  # [rows, k + 1] the accepted tokens and the recovered or bonus token, then padding
+    accepted: np.ndarray  # draft tokens accepted
+    emitted: np.ndarray  # tokens appended to the row's sequence (accepted + 1)
 
 
 class BatchState:
@@ -130,7 +96,7 @@ class BatchState:
         self.active = torch.zeros(0, dtype=torch.int64, device=device)
         self.target_cache = target_cache
         self.held_prompts = HeldPrompts()  # the prompt each row's target cache columns hold
-        self.sampling = SamplingTensors.build([], [], [], [], device, reproducible=reproducible)
+        self.sampling = SamplingTensors.build([], [], device, reproducible=reproducible)
         self.slots: list[Slot | None] = []
         # host mirrors, [rows] int64
         self.seq_h = np.zeros(0, np.int64)
@@ -165,6 +131,93 @@ class BatchState:
         if self._aranges.numel() < n:
             self._aranges = torch.arange(max(n, 2 * self._aranges.numel()), device=self.device)
         return self._aranges[:n]
+
+    # -- a step's tokens ------------------------------------------------------------------------------
+    def append(
+        self, output_token_ids: torch.Tensor, *, num_accepted: torch.Tensor | None, rows: np.ndarray, mask: torch.Tensor
+    ) -> Appended:
+        """Append each of `rows`' output and move its length, on the device and on the host together: row
+        b gains its first num_accepted[b] + 1 of `output_token_ids` [rows, k + 1] (one without draft
+        tokens, num_accepted None). `mask`: `rows` as a [rows] 0/1 tensor on the device.
+
+        The device only appends and moves lengths, then the host reads the step's few numbers once (the
+        step's one sync) and moves its mirror of the lengths."""
+        width = output_token_ids.shape[1]
+        emitted = mask if num_accepted is None else (num_accepted + 1) * mask  # [rows]
+        self.token_ids.scatter_(1, self.seq_lens.unsqueeze(1) + self.arange(width), output_token_ids)
+        # The target cache now holds seq_len_old + k tokens and should hold seq_len_new - 1: that is the
+        # per-row rollback, implied by seq_lens.
+        self.seq_lens = self.seq_lens + emitted
+        if num_accepted is None:
+            output_h, accepted_h = output_token_ids.cpu().numpy(), np.zeros(self.rows, np.int64)
+        else:
+            host = torch.cat([num_accepted.unsqueeze(1), output_token_ids], dim=1).cpu().numpy()  # [rows, k + 2]
+            output_h, accepted_h = host[:, 1:], host[:, 0]
+        mask_h = np.zeros(self.rows, np.int64)  # [rows]
+        mask_h[rows] = 1
+        accepted_h = accepted_h * mask_h
+        emitted_h = (accepted_h + 1) * mask_h  # [rows]
+        self.seq_h = self.seq_h + emitted_h
+        return Appended(output_ids=output_h, accepted=accepted_h, emitted=emitted_h)
+
+    def record_logprobs(self, target_logits: torch.Tensor, output_token_ids: torch.Tensor, *, vocab_size: int) -> None:
+        """Record, for the rows that asked, the log-probabilities of the step's output tokens [rows, k + 1]
+        at the columns they go to (decoding/logprobs.py); no host sync (the rows come from the host mirror)."""
+        asking = np.flatnonzero(self.logprobs_h >= 0)
+        if self.logprob_buffers is None or asking.size == 0:
+            return
+        rows_t = torch.from_numpy(asking).to(self.device)  # [n]
+        columns = self.seq_lens.index_select(0, rows_t).unsqueeze(1) + self.arange(output_token_ids.shape[1])
+        self.logprob_buffers.record(rows_t, columns, target_logits, output_token_ids, vocab_size=vocab_size)
+
+    def count_drafts(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Book `rows`' draft tokens offered and accepted this step ([len(rows)] each)."""
+        self.draft_tokens_h[rows] += drafted
+        self.accepted_h[rows] += accepted
+
+    def keep(self, rows: np.ndarray, kept: np.ndarray, now: float) -> None:
+        """Book the tokens each of `rows` keeps in its completion this step (`kept` [rows]: 0 for the others);
+        a row keeping its first tokens has them at `now`."""
+        self.generated_h += kept
+        for row in rows[(self.generated_h[rows] == kept[rows]) & (kept[rows] > 0)]:
+            slot = self.slots[row]
+            assert slot is not None
+            slot.first_token_at = now
+
+    def finish(
+        self, ended: dict[int, tuple[FinishReason, list[int] | None]], now: float, tokenizer: Tokenizer
+    ) -> list[GenerationResult]:
+        """The results of the requests of rows `ended` (row -> (finish reason, the completion where a stop
+        string cut it, else None: every kept token)), their sequences read from the device at once; their
+        rows are released."""
+        rows = sorted(ended)
+        sequences = self.token_ids[torch.tensor(rows, device=self.device)].cpu().numpy()  # [ended, capacity]
+        results = []
+        for row, sequence in zip(rows, sequences, strict=True):
+            slot = self.slots[row]
+            assert slot is not None
+            reason, tokens = ended[row]
+            start, wanted, buffers = int(self.prompt_h[row]), int(self.logprobs_h[row]), self.logprob_buffers
+            if tokens is None:
+                tokens = sequence[start : start + self.generated_h[row]].tolist()
+            result = GenerationResult(
+                key=slot.request.key,
+                token_ids=tokens,
+                text=decode(tokenizer, tokens),
+                finish_reason=reason,
+                prompt_tokens=start,
+                completion_tokens=len(tokens),
+                draft_tokens=int(self.draft_tokens_h[row]),
+                accepted_tokens=int(self.accepted_h[row]),
+                seed=slot.seed,
+                latency_s=now - slot.started,
+                first_token_s=None if slot.first_token_at is None else slot.first_token_at - slot.started,
+                # a stop string cuts the tokens, and so their log-probabilities
+                logprobs=None if buffers is None or wanted < 0 else buffers.read(row, start, tokens, wanted, tokenizer),
+            )
+            results.append(result)
+        self.release(rows)
+        return results
 
     # -- admit, release, compact --------------------------------------------------------------------
     def admit(self, requests: list[GenerationRequest], tokenizer: Tokenizer, extra_columns: int) -> Admission:
@@ -272,11 +325,8 @@ class BatchState:
         self._refresh_sampling()
 
     def _refresh_sampling(self) -> None:
-        params = [slot.request.params if slot else None for slot in self.slots]
         self.sampling = SamplingTensors.build(
-            [p.temperature if p else 0.0 for p in params],
-            [p.top_p if p else 1.0 for p in params],
-            [p.top_k if p else 0 for p in params],
+            [slot.request.params if slot else None for slot in self.slots],
             [slot.seed if slot else 0 for slot in self.slots],
             self.device,
             reproducible=self.reproducible,

@@ -202,8 +202,8 @@ class RaggedLM:
                 max=cache.capacity - 1
             )  # [n, T]
             cache.plan_extend(rows, columns, min(int(starts.max()) + width, cache.capacity))
-            return self._run(self._extend_forward, cache, input_ids, columns, vocab_size, keep)
-        return self._run(self._prefill_forward, cache, input_ids, columns, vocab_size, keep)
+            return self._run(self._extend_forward, cache, input_ids, columns, vocab_size, keep=keep)
+        return self._run(self._prefill_forward, cache, input_ids, columns, vocab_size, keep=keep)
 
     def prefill_rows(
         self,
@@ -254,7 +254,7 @@ class RaggedLM:
         """Logits [rows, T, vocab_size] for `input_ids` [rows, T] written at `columns` [rows, T] of each row;
         attention reads the first `kv_length` columns (with static shapes: all of them)."""
         cache.plan_step(columns, cache.capacity if self.static else kv_length)
-        return self._run(self._forward, cache, input_ids, columns, vocab_size, None)
+        return self._run(self._forward, cache, input_ids, columns, vocab_size)
 
     def _run(
         self,
@@ -263,8 +263,10 @@ class RaggedLM:
         input_ids: torch.Tensor,
         columns: torch.Tensor,
         vocab_size: int,
-        keep: torch.Tensor | int | None,
+        *,
+        keep: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
+        """`forward`'s logits, padded to `vocab_size`: at positions `keep` (see `prefill`), None: everywhere."""
         # in row-major strides: a compiled forward would take another graph for a strided view (a draft's
         # slice), and `contiguous()` keeps a one-row view's strides as they were; copied only then
         if input_ids.stride() != (input_ids.shape[1], 1):

@@ -23,10 +23,13 @@ decodes to the same tokens whatever the batch, the k schedule or the draft.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 import torch
+
+from specq.decoding.types import SamplingParams
 
 _MASK16 = 0xFFFF
 _MASK32 = 0xFFFFFFFF
@@ -127,29 +130,30 @@ class SamplingTensors:
     @classmethod
     def build(
         cls,
-        temperature: list[float],
-        top_p: list[float],
-        top_k: list[int],
-        seeds: list[int],
+        params: Sequence[SamplingParams | None],
+        seeds: Sequence[int],
         device: torch.device,
         reproducible: bool = False,
     ) -> SamplingTensors:
-        greedy = [t == 0.0 for t in temperature]
+        """The tensors of rows decoding with `params` (None: an empty row, decoded as greedy) and `seeds`."""
+        rows = [p or _EMPTY_ROW for p in params]
+        greedy = [p.greedy for p in rows]
         return cls(
             temperature=torch.tensor(
-                [1.0 if g else t for g, t in zip(greedy, temperature, strict=True)],
-                dtype=torch.float32,
-                device=device,
+                [1.0 if p.greedy else p.temperature for p in rows], dtype=torch.float32, device=device
             ),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            top_p=torch.tensor([p.top_p for p in rows], dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in rows], dtype=torch.int64, device=device),
             greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
-            seeds=torch.tensor(seeds, dtype=torch.int64, device=device),
+            seeds=torch.tensor(list(seeds), dtype=torch.int64, device=device),
             all_greedy=all(greedy),
             any_greedy=any(greedy),
-            any_truncation=any(not g and (p < 1.0 or k > 0) for g, p, k in zip(greedy, top_p, top_k, strict=True)),
+            any_truncation=any(not p.greedy and (p.top_p < 1.0 or p.top_k > 0) for p in rows),
             reproducible=reproducible,
         )
+
+
+_EMPTY_ROW = SamplingParams(max_tokens=1, temperature=0.0)  # what a row with no request decodes as
 
 
 def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -195,3 +199,10 @@ def sample_from_probs(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     threshold = torch.minimum(uniforms.unsqueeze(-1) * total, below_total)  # [..., 1]
     token = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
     return token.clamp_(max=weights.shape[-1] - 1)
+
+
+def check_probs(probs: torch.Tensor) -> None:
+    """`strict` mode's check of a distribution [..., V]: non-negative, summing to 1."""
+    total = probs.sum(-1)
+    assert torch.allclose(total, torch.ones_like(total), atol=1e-4), "probabilities do not sum to 1"
+    assert bool((probs >= 0).all()), "negative probability"

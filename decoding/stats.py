@@ -8,7 +8,8 @@ Terms (vLLM's rejection sampler):
 - the *output* of a step for a sequence is its accepted tokens plus one recovered or bonus token.
 
 acceptance rate = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts
-(it counts the recovered or bonus token each draft also yields).
+(it counts the recovered or bonus token each draft also yields). What acceptance and a draft's cost
+promise: `leviathan_bound`.
 
 `by_proposer` splits drafts, draft tokens and accepted tokens by where each draft came from: the draft
 model, prompt lookup (`ngram`) or the job's suffix index (`suffix`); see `PROPOSERS`.
@@ -25,6 +26,18 @@ import numpy as np
 PROPOSERS = ("draft", "ngram", "suffix")
 DRAFT_MODEL, NGRAM, SUFFIX = range(3)
 PROPOSER_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+
+
+def leviathan_bound(alpha: float, cost_ratio: float, k: int) -> float:
+    """Expected speedup of speculative decoding with k draft tokens (Leviathan et al. 2023, Theorem
+    3.8): (1 - a^(k+1)) / ((1 - a)(k c + 1)), with its limit (k + 1) / (k c + 1) at a = 1.
+
+    `alpha` is the paper's acceptance rate: the probability that a draft token is accepted given
+    that the ones before it were, not vLLM's accepted / draft tokens; `cost_ratio` (c) is a draft
+    forward's time over a target forward's."""
+    if alpha >= 1.0:
+        return (k + 1) / (k * cost_ratio + 1)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
 
 
 def empty_by_proposer() -> dict[str, dict[str, int]]:
@@ -59,8 +72,22 @@ class EngineStats:
         self.timed_seconds[key] = self.timed_seconds.get(key, 0.0) + seconds
         self.timed_counts[key] = self.timed_counts.get(key, 0) + count
 
-    def count_drafts(self, sources: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        """Book one step's drafts by proposer: sources, drafted, accepted are [rows] of the live rows."""
+    @classmethod
+    def for_k(cls, max_k: int) -> EngineStats:
+        """Empty counters for an engine proposing at most `max_k` draft tokens a step."""
+        return cls(accepted_per_position=[0] * max_k)
+
+    def observe_drafts(self, sources: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """Book one step's drafts, in total and by proposer (vLLM's `SpecDecodingStats.observe_draft`):
+        sources, drafted, accepted are [rows] of the live rows."""
+        self.num_drafts += int((drafted > 0).sum())
+        self.num_draft_tokens += int(drafted.sum())
+        self.num_accepted_tokens += int(accepted.sum())
+        # accepted_per_position[i] counts the rows that accepted more than i tokens
+        max_k = len(self.accepted_per_position)
+        at_least = np.bincount(accepted, minlength=max_k + 1)[::-1].cumsum()[::-1]  # [K + 1]
+        for i, count in enumerate(at_least[1 : max_k + 1].tolist()):
+            self.accepted_per_position[i] += count
         for source, name in enumerate(PROPOSERS):
             mine = (sources == source) & (drafted > 0)
             if mine.any():
@@ -68,6 +95,17 @@ class EngineStats:
                 counters["drafts"] += int(mine.sum())
                 counters["draft_tokens"] += int(drafted[mine].sum())
                 counters["accepted_tokens"] += int(accepted[mine].sum())
+
+    def observe_step(self, rows: int, k: int, *, t_draft: float, t_target: float, t_step: float) -> None:
+        """Book one step of `rows` rows proposing k draft tokens, and its measured times."""
+        self.num_steps += 1
+        self.time_draft_s += t_draft
+        self.time_target_s += t_target
+        self.k_steps[k] = self.k_steps.get(k, 0) + 1
+        if k:
+            self.add_time(f"draft@{rows}", t_draft, count=k)
+        self.add_time(f"target:{k + 1}@{rows}", t_target)
+        self.add_time(f"step:{k}@{rows}", t_step)
 
     def mean_seconds(self) -> dict[str, float]:
         return {key: self.timed_seconds[key] / n for key, n in self.timed_counts.items() if n}

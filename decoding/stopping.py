@@ -1,17 +1,27 @@
-"""Stop strings: find the first one in a growing completion and cut the tokens before it.
+"""Where a row ends: on EOS or max_tokens (`endings`, over the whole batch at once on the host copy of a
+step's output) or on a stop string (`StopChecker`, per row, only for rows that watch for one).
 
-Each step decodes only the row's new tokens, with a few tokens before them as context (a
-SentencePiece tokenizer drops the leading space of the first token it decodes, so the decode of a
-suffix is not always the suffix of the decode), and searches a bounded tail of the text: the last
-`longest stop - 1` characters already searched, so a stop string spanning steps is still found, plus
-the new text. A decode that ends inside a multi-byte character ends in U+FFFD; those tokens stay
-in the window until the character completes. Only when a stop string shows up is the whole
-completion decoded again, to cut it exactly where a full decode would.
+Stop strings: find the first one in a growing completion and cut the tokens before it. Each step decodes
+only the row's new tokens, with a few tokens before them as context (a SentencePiece tokenizer drops the
+leading space of the first token it decodes, so the decode of a suffix is not always the suffix of the
+decode), and searches a bounded tail of the text: the last `longest stop - 1` characters already
+searched, so a stop string spanning steps is still found, plus the new text. A decode that ends inside a
+multi-byte character ends in U+FFFD; those tokens stay in the window until the character completes. Only
+when a stop string shows up is the whole completion decoded again, to cut it exactly where a full decode
+would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
 from specq.decoding.hf_model import Tokenizer, decode
+from specq.decoding.types import FinishReason
+
+RUNNING, FINISHED_STOP, FINISHED_LENGTH = 0, 1, 2  # a row after a step: going on, ended on EOS, on max_tokens
 
 _CONTEXT_TOKENS = 4  # tokens decoded again before the new ones, for the tokenizers described above
 _INCOMPLETE = "\ufffd"
@@ -96,3 +106,57 @@ class StopChecker:
                 break
             keep -= 1
         return self.tokens[:keep]
+
+
+def endings(
+    output_ids: np.ndarray, emitted: np.ndarray, room: np.ndarray, eos_ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's kept tokens and ending after a step: row b appended the first `emitted[b]` of
+    `output_ids` [rows, k + 1] (0: a row not appended to) and had `room[b]` tokens left before max_tokens;
+    `eos_ids` [e >= 1] (-1 where none). Returns kept [rows] (up to the first EOS, or the room) and finish
+    [rows]: RUNNING, FINISHED_STOP (EOS) or FINISHED_LENGTH. Small array operations on the host, where
+    they cost far less than on the device."""
+    width = output_ids.shape[1]
+    appended = (emitted > 0).astype(np.int64)  # [rows] each row appended to gained 1 token or more
+    is_eos = output_ids == eos_ids[0]  # [rows, k + 1]; one comparison per EOS id (np.isin: ~100 us)
+    for eos in eos_ids[1:]:
+        is_eos |= output_ids == eos
+    is_eos &= np.arange(width) < emitted[:, None]
+    first_eos = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), width)  # [rows], width: none
+    ends_on_eos = first_eos < np.minimum(emitted, room)
+    kept = np.where(ends_on_eos, first_eos, np.minimum(emitted, room)) * appended
+    finish = np.where(ends_on_eos, FINISHED_STOP, np.where(kept >= room, FINISHED_LENGTH, RUNNING)) * appended
+    return kept, finish
+
+
+class Watched(Protocol):
+    """A row's request as `ended_rows` reads it (decoding.batch.Slot)."""
+
+    stops: StopChecker | None
+
+
+def ended_rows(
+    live: np.ndarray,
+    kept: np.ndarray,
+    finish: np.ndarray,
+    output_ids: np.ndarray,
+    *,
+    watching: np.ndarray,
+    slots: Sequence[Watched | None],
+) -> dict[int, tuple[FinishReason, list[int] | None]]:
+    """The rows of `live` that ended this step (`kept`, `finish` [rows] from `endings`, `output_ids` [rows,
+    k + 1] the step's output; `watching` [rows]: whether a row's request has stop strings, in `slots`):
+    row -> (finish reason, its completion where a stop string cut it, else None). Only rows that ended or
+    watch for stop strings are looked at; the rest stay vectorised."""
+    ended: dict[int, tuple[FinishReason, list[int] | None]] = {}
+    for row in live[(finish[live] != RUNNING) | watching[live]]:
+        slot = slots[row]
+        assert slot is not None
+        if slot.stops is not None:
+            cut = slot.stops.feed(output_ids[row, : kept[row]].tolist())
+            if cut is not None:
+                ended[int(row)] = ("stop", cut)
+                continue
+        if finish[row] != RUNNING:
+            ended[int(row)] = ("stop" if finish[row] == FINISHED_STOP else "length", None)
+    return ended

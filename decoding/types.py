@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from specq.limits import LOGPROBS, MAX_STOP_STRINGS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
+from specq.limits import (
+    LOGPROBS,
+    MAX_STOP_STRINGS,
+    MAX_TOKENS,
+    MIN_SAMPLING_TEMPERATURE,
+    SEED,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+)
 
 FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request is decoded. Temperature 0 means greedy."""
+    """How one request is decoded. Greedy at temperature 0 and below MIN_SAMPLING_TEMPERATURE (`greedy`)."""
 
     max_tokens: int = 128
     temperature: float = 1.0  # the OpenAI default
@@ -36,6 +45,20 @@ class SamplingParams:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this request decodes greedily: the one rule, which every path asks (vLLM's `sampling_type`).
+
+        A positive temperature below specq.limits.MIN_SAMPLING_TEMPERATURE is greedy too: the logits
+        divided by it overflow, and its distribution is all but one-hot anyway."""
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
+
+
+# The settings a line, or a job's defaults, set by name: every field of SamplingParams but `logprobs`,
+# which asks for a report rather than a way to sample (a line asks for it in its own forms, OpenAI's
+# `logprobs`/`top_logprobs`, and a job never does)
+SAMPLING_KEYS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams) if f.name != "logprobs")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
+from specq.decoding.types import SAMPLING_KEYS
 from specq.errors import BadInputError
 from specq.jobs.openai_fields import (
     BODY_FIELDS,
@@ -86,14 +87,13 @@ from specq.limits import (
 
 RequestKind = Literal["completion", "chat"]
 
-OVERRIDE_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 # role -> the role the chat template sees: OpenAI's `developer` is the system prompt of newer models
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TOOL_ROLES = frozenset({"tool", "function"})
 _ROLES_TEXT = ", ".join(f'"{role}"' for role in CHAT_ROLES)
 
-_OVERRIDE_SET = frozenset(OVERRIDE_KEYS)
-_PLAIN_KEYS = frozenset({"id", "prompt", "messages", "logprobs", "n", *OVERRIDE_KEYS})
+_OVERRIDE_SET = frozenset(SAMPLING_KEYS)
+_PLAIN_KEYS = frozenset({"id", "prompt", "messages", "logprobs", "n", *SAMPLING_KEYS})
 _OPENAI_KEYS = frozenset({"custom_id", "method", "url", "body"})
 _MESSAGE_KEYS = MESSAGE_FIELDS | MESSAGE_NEUTRAL_FIELDS
 MAX_LINE_ENV = "SPECQ_MAX_LINE_BYTES"
@@ -247,7 +247,7 @@ def _check_override(key: str, name: str, value: Any) -> Any:
         return _check_int(name, value, _INT_LIMITS[key])
     if key in _NUMBER_LIMITS:
         return _check_number(name, value, _NUMBER_LIMITS[key])
-    return _check_stop(name, value)  # "stop", the last of OVERRIDE_KEYS
+    return _check_stop(name, value)  # "stop", the last of SAMPLING_KEYS
 
 
 def _check_content(name: str, value: Any) -> str:

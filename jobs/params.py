@@ -11,23 +11,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specq.decoding.config import DecodingConfig
-from specq.decoding.types import GenerationRequest, GenerationResult, SamplingParams
-from specq.limits import MIN_SAMPLING_TEMPERATURE
+from specq.decoding.types import SAMPLING_KEYS, GenerationRequest, GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-
 
 def sampling_params(defaults: dict[str, Any], overrides: dict[str, Any]) -> SamplingParams:
-    """The request's SamplingParams: `overrides` (the line's) over `defaults` (the job's).
-
-    A positive temperature below specq.limits.MIN_SAMPLING_TEMPERATURE is decoded greedily (as 0)."""
+    """The request's SamplingParams: `overrides` (the line's) over `defaults` (the job's)."""
     merged = {k: v for k, v in defaults.items() if k in SAMPLING_KEYS and v is not None}
     merged.update((k, v) for k, v in overrides.items() if v is not None)
-    if merged.get("temperature", 1.0) < MIN_SAMPLING_TEMPERATURE:
-        merged["temperature"] = 0.0
     if "stop" in merged:
         merged["stop"] = tuple(merged["stop"])  # stored as a JSON list
     return SamplingParams(**merged)

@@ -245,6 +245,32 @@ def test_bench_end_to_end(tiny_pair, tmp_path):
     assert results["targets"] and "| B |" in markdown.read_text()
 
 
+def test_a_temperature_below_the_sampling_minimum_benches_as_greedy(tiny_pair, tmp_path):
+    # 1e-30 is greedy (SamplingParams.greedy) on both benchmarks: every run decodes the target's greedy
+    # tokens and they are compared; the bench built its requests itself and sampled at logits / 1e-30
+    target, draft = tiny_pair
+    common = ["bench", "--target", str(target), "--draft", str(draft), "--batch-sizes", "2", "--num-prompts", "2"]
+    common += [
+        "--max-tokens",
+        "6",
+        "--prompt-chars",
+        "64",
+        "--warmup",
+        "0",
+        "--device",
+        "cpu",
+        "--temperature",
+        "1e-30",
+    ]
+    for name, extra in (("hf", ["--skip-hf-assisted"]), ("draft-axis", ["--workloads", "continuation", "-k", "3"])):
+        out = tmp_path / f"{name}.json"
+        result = CliRunner().invoke(cli, [*common, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        for row in json.loads(out.read_text())["rows"]:
+            same = row["same_output"] if name == "hf" else row["same_output_all"]
+            assert same is True, (name, row["mismatches"])
+
+
 def test_bench_rejects_half_a_pair(tiny_pair):
     result = CliRunner().invoke(cli, ["bench", "--target", str(tiny_pair[0])], env={"SPECQ_DRAFT": None})
     assert result.exit_code == 2, result.output

@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
+from specq.decoding.stats import leviathan_bound
 from specq.errors import ModelLoadError
 from specq.models import demo
 from specq.models.loading import load_model, load_pair, load_tokenizer, resolve_dtype, tokenize_prompt
@@ -98,7 +99,7 @@ def test_demo_report_meets_the_goals(demo_pair):
     assert report["acceptance_rate"] >= 0.5, summary
     assert report["cost_ratio"] <= 0.35, summary
     assert report["speedup_bound_k4"] > 1.2, summary
-    expected = demo.leviathan_speedup(report["acceptance_rate"], report["cost_ratio"], 4)
+    expected = leviathan_bound(report["acceptance_rate"], report["cost_ratio"], 4)
     assert report["speedup_bound_k4"] == pytest.approx(expected, abs=0.01)
 
 
@@ -285,12 +286,6 @@ def test_grow_model_preserves_the_function():
     trainer = demo.Trainer(big, 1e-3, total_steps=1, warmup_steps=1)
     trainer.lm_step(ids[:, :-1], ids[:, 1:])
     assert all(bool(p.abs().sum() > 0) for p in big.parameters())
-
-
-def test_leviathan_speedup():
-    assert demo.leviathan_speedup(0.0, 0.1, 4) == pytest.approx(1 / 1.4)
-    assert demo.leviathan_speedup(1.0, 0.0, 4) == pytest.approx(5.0)
-    assert demo.leviathan_speedup(0.8, 0.1, 4) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
 
 
 # --- the build's cache and atomicity ------------------------------------------------------------------

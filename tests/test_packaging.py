@@ -8,11 +8,17 @@ cannot hijack.
   only the benchmarks in benchmarks/ may use.
 - Every command works from a folder holding decoy `cli/`, `db/`, `jobs/`, `worker/`, `models.py` and
   `decoding.py` that raise on import (the workers `specq autoscale` starts: tests/test_fleet.py).
+- Each module has one identity: with the repository's root on sys.path (as in this suite), none of the
+  top-level folders' modules is loaded a second time under its bare name (`db.states` beside
+  `specq.db.states`: two modules, two of each class).
+- A checkout without the links to the parts (Windows' default) refuses to build and to import, naming
+  them (specq/layout.py), where it would build a wheel of specq's few own modules silently.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import shutil
@@ -24,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from specq import __version__
+from specq.layout import PARTS
 from tests.services import write_requests
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,6 +162,54 @@ def test_wheel_installs_specq_alone(tmp_path) -> None:
     assert {name.split("/")[0] for name in names} == {"specq", wheel.name.split("-")[0] + f"-{__version__}.dist-info"}
     assert "specq/db/migrations/versions/0001_initial_schema.py" in names
     assert "specq/cli/main.py" in names
+
+
+def _without_links(tmp_path: Path) -> Path:
+    """A copy of the repository as a checkout without symbolic links has it: each link to a part is a
+    small text file holding its target, as git writes it."""
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+    shutil.copytree(REPO, source, symlinks=True, ignore=skip)
+    for link in (source / "specq").iterdir():
+        if link.is_symlink():
+            target = os.readlink(link)
+            link.unlink()
+            link.write_text(target)
+    return source
+
+
+def test_a_checkout_without_links_refuses_to_build_and_to_import(tmp_path) -> None:
+    source = _without_links(tmp_path)
+    assert not (source / "specq" / "cli").is_dir()
+    build = "from setuptools import build_meta; build_meta.build_wheel(__import__('sys').argv[1])"
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(tmp_path)], cwd=source, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0 and "specq/cli -> ../cli" in done.stderr, done.stderr
+    assert "core.symlinks=true" in done.stderr
+    assert not list(tmp_path.glob("*.whl"))
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    done = subprocess.run(
+        [sys.executable, "-c", "import specq"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "lacks the links to its parts" in done.stderr, done.stderr
+
+
+def test_every_module_has_one_identity() -> None:
+    # the suite's view: every module of the package and of the tests imported, the repository's root on
+    # sys.path; a module of the repository loaded under two names would be two modules
+    for name in _modules():
+        if name != "specq.__main__" and not name.startswith("specq.db.migrations"):  # alembic runs those
+            importlib.import_module(name)
+    for path in sorted((REPO / "tests").glob("*.py")):
+        importlib.import_module("tests" if path.stem == "__init__" else f"tests.{path.stem}")
+    names: dict[Path, list[str]] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file is not None and Path(file).resolve().is_relative_to(REPO):
+            names.setdefault(Path(file).resolve(), []).append(name)
+    assert {path: sorted(n) for path, n in names.items() if len(n) > 1} == {}
+    assert not {name for name in sys.modules if name.split(".")[0] in PARTS}  # no top-level `db`, `cli`, ...
 
 
 # -- decoys (`decoy_folder`: tests/conftest.py; autoscaled workers: tests/test_fleet.py) -------------------

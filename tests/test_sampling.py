@@ -7,11 +7,16 @@ import torch
 from scipy.stats import kstest
 
 from specq.decoding.sampling import SamplingTensors, Stream, counter_uniforms, logits_to_probs, sample_from_probs
+from specq.decoding.types import SamplingParams
+from specq.limits import MIN_SAMPLING_TEMPERATURE
 
 
 def _sampling(temperature, top_p, top_k, seeds=None):
     n = len(temperature)
-    return SamplingTensors.build(temperature, top_p, top_k, seeds or list(range(n)), torch.device("cpu"))
+    params = [
+        SamplingParams(temperature=t, top_p=p, top_k=k) for t, p, k in zip(temperature, top_p, top_k, strict=True)
+    ]
+    return SamplingTensors.build(params, seeds or list(range(n)), torch.device("cpu"))
 
 
 def test_counter_uniforms_are_uniform_and_independent_across_seeds_positions_streams():
@@ -41,6 +46,15 @@ def test_temperature_and_greedy_rows():
     assert torch.allclose(probs[0, 0], torch.tensor([2.0, 1.0, 0.0]).softmax(-1))
     assert torch.allclose(probs[1, 0], torch.tensor([4.0, 2.0, 0.0]).softmax(-1))
     assert probs[2, 0].tolist() == [0.0, 1.0, 0.0]  # greedy: one-hot on the first maximum
+
+
+def test_a_temperature_below_the_sampling_minimum_is_greedy():
+    # logits / 1e-30 overflow: the one rule (SamplingParams.greedy) makes such a row one-hot on its argmax
+    assert SamplingParams(temperature=1e-30).greedy and SamplingParams(temperature=0.0).greedy
+    assert not SamplingParams(temperature=MIN_SAMPLING_TEMPERATURE).greedy
+    logits = torch.tensor([[[0.0, 3.0, 2.0]], [[5.0, 1.0, 0.0]]])
+    probs = logits_to_probs(logits, _sampling([1e-30, 1e-300], [1.0] * 2, [0] * 2))
+    assert probs[:, 0].tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
 
 
 def test_top_k_and_top_p_match_a_reference():
@@ -100,7 +114,7 @@ def test_sample_from_probs_never_returns_a_zero_probability_token_even_at_the_ex
 
 def test_top_k_1_samples_the_argmax_whatever_the_uniform():
     logits = torch.randn(4, 1, 50, generator=torch.Generator().manual_seed(3))
-    sampling = SamplingTensors.build([1.0] * 4, [1.0] * 4, [1] * 4, [0] * 4, torch.device("cpu"))
+    sampling = _sampling([1.0] * 4, [1.0] * 4, [1] * 4, [0] * 4)
     probs = logits_to_probs(logits, sampling)
     for uniform in (0.0, 1.0 - 2.0**-24, 1.0):
         tokens = sample_from_probs(probs[:, 0], torch.full((4,), uniform))

@@ -118,8 +118,8 @@ def _groups(ready: list[_Prepared], suspects: set[int]) -> list[list[_Prepared]]
     it takes no other request down with it, and the chunk's other work is stored first.
     """
     fresh = [p for p in ready if p.claimed.id not in suspects]
-    greedy = [p for p in fresh if p.request.params.temperature == 0.0]
-    sampled = [p for p in fresh if p.request.params.temperature != 0.0]
+    greedy = [p for p in fresh if p.request.params.greedy]
+    sampled = [p for p in fresh if not p.request.params.greedy]
     groups = [sorted(g, key=lambda p: len(p.request.prompt_token_ids)) for g in (greedy, sampled) if g]
     return groups + [[p] for p in ready if p.claimed.id in suspects]
 

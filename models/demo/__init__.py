@@ -24,7 +24,6 @@ from specq.models.demo.build import (
     decode_step_times,
     default_dir,
     greedy_agreement,
-    leviathan_speedup,
 )
 from specq.models.demo.corpus import HELDOUT_EVERY, corpus_files, heldout_prompts, read_source, split_files, stdlib_root
 from specq.models.demo.training import (
@@ -63,7 +62,6 @@ __all__ = [
     "grow_model",
     "heldout_loss",
     "heldout_prompts",
-    "leviathan_speedup",
     "make_model",
     "param_count",
     "read_source",

@@ -10,7 +10,8 @@ Transformers via Speculative Decoding"):
   target's token;
 - cost ratio `c`: the mean time of one single-token decode forward with a KV cache at batch 1, draft
   over target;
-- the expected speedup bound of their Eq. 1 / Theorem 3.8, (1 - a^(K+1)) / ((1 - a)(K c + 1)).
+- the expected speedup bound of their Eq. 1 / Theorem 3.8, (1 - a^(K+1)) / ((1 - a)(K c + 1))
+  (`decoding.stats.leviathan_bound`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specq.decoding.stats import leviathan_bound
 from specq.errors import SpecqError
 from specq.models.demo.corpus import HELDOUT_EVERY, corpus_files, heldout_prompts, read_source, split_files, stdlib_root
 from specq.models.demo.training import (
@@ -122,14 +124,6 @@ def decode_step_times(
                     if i >= 2:  # the first steps warm allocator caches
                         times[name].append(elapsed)
     return times
-
-
-def leviathan_speedup(acceptance: float, cost_ratio: float, k: int) -> float:
-    """Expected walltime improvement of speculative decoding with k draft tokens (Leviathan et al.,
-    Theorem 3.8): (1 - a^(k+1)) / ((1 - a)(k c + 1))."""
-    if acceptance >= 1.0:
-        return (k + 1) / (k * cost_ratio + 1)
-    return (1 - acceptance ** (k + 1)) / ((1 - acceptance) * (k * cost_ratio + 1))
 
 
 # --- the build --------------------------------------------------------------------------------------
@@ -281,7 +275,7 @@ def _build_into(work: Path, seed: int, recipe: Recipe) -> dict[str, Any]:
             # Medians shrug off the moments other processes took the CPU; the means are the measure.
             t_target_median_ms=round(median["target"] * 1e3, 3),
             t_draft_median_ms=round(median["draft"] * 1e3, 3),
-            speedup_bound_k4=round(leviathan_speedup(acceptance, cost_ratio, 4), 3),
+            speedup_bound_k4=round(leviathan_bound(acceptance, cost_ratio, 4), 3),
             measure_seconds=round(time.perf_counter() - measure_started, 1),
         )
     report["build_seconds"] = round(time.perf_counter() - started, 1)
