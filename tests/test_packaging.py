@@ -204,10 +204,14 @@ def test_every_module_has_one_identity() -> None:
     for path in sorted((REPO / "tests").glob("*.py")):
         importlib.import_module("tests" if path.stem == "__init__" else f"tests.{path.stem}")
     names: dict[Path, list[str]] = {}
+    installed = Path(sys.prefix).resolve()  # a virtual environment inside the checkout (.venv) is not its code
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if file is not None and Path(file).resolve().is_relative_to(REPO):
-            names.setdefault(Path(file).resolve(), []).append(name)
+        if file is None:
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(REPO) and not path.is_relative_to(installed):
+            names.setdefault(path, []).append(name)
     assert {path: sorted(n) for path, n in names.items() if len(n) > 1} == {}
     assert not {name for name in sys.modules if name.split(".")[0] in PARTS}  # no top-level `db`, `cli`, ...
 
