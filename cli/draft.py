@@ -286,8 +286,11 @@ class _Shown:
             self.decode_bar = None
 
     def training(self, state: TrainState, budget: Budget) -> None:
-        total = budget.tokens if budget.tokens is not None else budget.seconds
-        done = state.tokens if budget.tokens is not None else state.elapsed_s
+        total, done = (
+            (float(budget.tokens), float(state.tokens))
+            if budget.tokens is not None
+            else (float(budget.seconds or 0.0), state.elapsed_s)
+        )
         if self.train_bar is None:
             self.train_bar = _training_bar(self.show)
             self.train_task = self.train_bar.add_task("training", total=total, loss=state.loss, step=state.step)

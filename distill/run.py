@@ -131,7 +131,7 @@ def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any,
         progress.say(f"continuing from the checkpoint at step {trainer.state.step}")
     progress.say(
         f"training a {config.num_hidden_layers}-layer, {config.hidden_size}-wide draft "
-        f"({sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M parameters) on {len(sequences)} sequences "
+        f"({sum(p.numel() for p in draft.parameters()):,} parameters) on {len(sequences)} sequences "
         f"for {settings.budget.describe()} ({settings.loss})"
     )
     state = trainer.run(workdir.work, on_step=lambda state: progress.training(state, settings.budget))

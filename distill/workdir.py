@@ -122,7 +122,8 @@ def open_workdir(root: Path, identity: dict[str, Any], data_digest: str, overwri
     if not resumed:
         (root / WORK).mkdir(parents=True)
     with _locked(root):
-        workdir = WorkDir(root, _read_run(root) if resumed else {"version": VERSION, **expected}, resumed)
+        run = _read_run(root) if resumed else None
+        workdir = WorkDir(root, run or {"version": VERSION, **expected}, resumed)
         if not resumed:
             workdir.advance("decode")
         yield workdir
