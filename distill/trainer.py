@@ -239,11 +239,13 @@ class Trainer:
                 if scheduled:
                     self.state.checkpoints += 1
                 self.state.loss = sum(losses) / len(losses)
-                if scheduled or interrupted():
+                if scheduled:
                     self.save(folder)
                     losses.clear()
                 on_step(self.state)
                 if interrupted() and not self.done():
+                    if not scheduled:
+                        self.save(folder)
                     raise TrainingInterrupted(f"interrupted at step {self.state.step}")
         return self.state
 

@@ -5,7 +5,10 @@ missing target and an existing DIR before doing anything."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +19,7 @@ from specq.distill.corpus import Prompt, decode_with_target
 from specq.distill.run import train_draft
 from specq.distill.settings import Budget, DistillSettings, DraftShape
 from specq.distill.sizing import build_draft, draft_config
-from specq.distill.trainer import CHECKPOINT, Teacher, Trainer
+from specq.distill.trainer import CHECKPOINT, Teacher, Trainer, TrainingInterrupted
 from specq.distill.workdir import WORK
 from tests.services import invoke, write_requests
 from tests.tiny_models import TINY_CORPUS, IdTokenizer, tiny_llama
@@ -146,24 +149,27 @@ class Killed(Exception):
 
 
 class _Quiet:
-    def __init__(self, kill_after_step: int | None = None) -> None:
-        self.kill_after_step = kill_after_step
+    def __init__(self, kill_after_step: int | None = None, ctrl_c_at_step: int | None = None) -> None:
+        self.kill_after_step, self.ctrl_c_at_step = kill_after_step, ctrl_c_at_step
+        self.steps: list[int] = []  # the training steps this try took
+        self.decoded = 0  # prompts this try decoded with the target
 
     def say(self, message):
         pass
 
     def decoding(self, done, total, stats):
-        pass
+        self.decoded = done
 
     def training(self, state, budget):
+        self.steps.append(state.step)
         if state.step == self.kill_after_step:
             raise Killed
+        if state.step == self.ctrl_c_at_step:
+            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C, mid-step as far as the loop knows
 
 
-def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_checkpoints_and_weights(tiny_pair, tmp_path):
-    target, _ = tiny_pair
-    data = write_requests(tmp_path / "prompts.jsonl", _prompt_lines(24))
-    settings = DistillSettings(
+def _fast_settings(target: str, data: str) -> DistillSettings:
+    return DistillSettings(
         target=target,
         data=data,
         sampling={"max_tokens": 16, "temperature": 0.0},
@@ -171,32 +177,56 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_checkpoints_and_we
         checkpoint_every=5,
         eval_warmup=0,
     )
-    whole = train_draft(settings, tmp_path / "whole", _Quiet())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_pair, tmp_path_factory):
+    """(settings, outcome, folder) of a run that nothing interrupted."""
+    target, _ = tiny_pair
+    root = tmp_path_factory.mktemp("uninterrupted")
+    settings = _fast_settings(target, write_requests(root / "prompts.jsonl", _prompt_lines(24)))
+    return settings, train_draft(settings, root / "whole", _Quiet()), root / "whole"
+
+
+def _same_weights(one: Path, other: Path) -> bool:
+    from safetensors.torch import load_file
+
+    weights = [load_file(folder / "model.safetensors") for folder in (one, other)]
+    return weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_checkpoints_and_weights(uninterrupted, tmp_path):
+    settings, whole, whole_dir = uninterrupted
     with pytest.raises(Killed):  # killed 2 steps after its 2nd checkpoint: those 2 steps are lost
         train_draft(settings, tmp_path / "resumed", _Quiet(kill_after_step=12))
     saved = torch.load(tmp_path / "resumed" / WORK / CHECKPOINT, weights_only=True)
     assert saved["state"]["step"] == 10 and saved["state"]["checkpoints"] == 2
-    resumed = train_draft(settings, tmp_path / "resumed", _Quiet())
-    assert resumed.resumed
+    rerun = _Quiet()
+    resumed = train_draft(settings, tmp_path / "resumed", rerun)
+    assert resumed.resumed and rerun.decoded == 0 and rerun.steps[0] == 11  # from the checkpoint, not afresh
     assert resumed.state["checkpoints"] == whole.state["checkpoints"] >= 3
     assert resumed.state["step"] == whole.state["step"] and resumed.state["tokens"] == whole.state["tokens"]
-    from safetensors.torch import load_file
+    assert _same_weights(whole_dir, tmp_path / "resumed")
 
-    weights = [load_file(tmp_path / name / "model.safetensors") for name in ("whole", "resumed")]
-    assert weights[0].keys() == weights[1].keys()
-    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+
+def test_ctrl_c_finishes_the_step_checkpoints_it_and_the_rerun_continues_from_there(uninterrupted, tmp_path):
+    settings, whole, whole_dir = uninterrupted
+    with pytest.raises(TrainingInterrupted, match="interrupted at step 7"):
+        train_draft(settings, tmp_path / "out", _Quiet(ctrl_c_at_step=7))
+    saved = torch.load(tmp_path / "out" / WORK / CHECKPOINT, weights_only=True)
+    assert saved["state"]["step"] == 7 and saved["state"]["checkpoints"] == 1  # step 7 is no scheduled one
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Ctrl-C again
+    rerun = _Quiet()
+    resumed = train_draft(settings, tmp_path / "out", rerun)
+    assert rerun.decoded == 0 and rerun.steps[0] == 8
+    assert resumed.state["checkpoints"] == whole.state["checkpoints"]
+    assert _same_weights(whole_dir, tmp_path / "out")
 
 
 def test_an_unfinished_run_with_other_settings_is_refused(tiny_pair, tmp_path):
     target, _ = tiny_pair
     data = write_requests(tmp_path / "prompts.jsonl", _prompt_lines(24))
-    settings = DistillSettings(
-        target=target,
-        data=data,
-        sampling={"max_tokens": 16, "temperature": 0.0},
-        budget=Budget(tokens=3000),
-        checkpoint_every=5,
-    )
+    settings = _fast_settings(target, data)
     with pytest.raises(Killed):
         train_draft(settings, tmp_path / "out", _Quiet(kill_after_step=3))
     result = _train(target, data, tmp_path / "out", "--loss", "tvd")
