@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specq.decoding.types import GenerationRequest, GenerationResult
-from specq.errors import BadInputError
+from specq.errors import BadInputError, SpecqError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -96,7 +96,7 @@ def decode_with_target(
     completions: dict[int, tuple[int, ...]] = {}
     for result in engine.generate(requests):
         if result.error is not None:
-            raise RuntimeError(f"the target failed on line {prompts[result.key].line}: {result.error}")
+            raise SpecqError(f"the target failed on line {prompts[result.key].line}: {result.error}")
         completions[result.key] = tuple(result.token_ids)
         on_progress(len(completions), len(requests), engine.stats)
     return [Decoded(request.prompt_token_ids, completions[i]) for i, request in enumerate(requests)]
