@@ -201,8 +201,9 @@ def train(
 
     The target decodes the training prompts (target-only, with specq's engine), a small draft sized
     from it learns its distributions, and the command ends by measuring the draft against target-only
-    on held-out prompts, as `specq bench` does. An interrupted run (Ctrl-C, a kill) resumes when the same
-    command is run again. Exit 2 on bad prompts, a target that does not load or a DIR that exists.
+    on held-out prompts, as `specq bench` does; DIR alone on stdout. An interrupted run (Ctrl-C, a kill)
+    resumes when the same command is run again. Exit 2 on bad prompts, a target that does not load or a
+    DIR that exists.
     """
     from specq.distill.run import train_draft
     from specq.distill.settings import DistillSettings, DraftShape
@@ -259,6 +260,7 @@ def train(
     for line in summary_lines(outcome.evaluation):
         click.echo(line, err=True)
     click.echo(f"draft written to {outcome.draft_dir}: use it with --draft {outcome.draft_dir}", err=True)
+    click.echo(str(outcome.draft_dir))  # alone on stdout, for scripts: draft=$(specq draft train ...)
 
 
 class _Shown:

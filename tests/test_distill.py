@@ -129,6 +129,7 @@ def test_draft_train_writes_a_folder_that_draft_takes_and_reports_the_held_out_s
     assert "held-out (2 prompts, greedy, K=4, batch 1): acceptance" in result.stderr
     assert "speed-up over target-only" in result.stderr
     assert "outputs identical to target-only" in result.stderr
+    assert result.stdout == f"{tmp_path / 'draft'}\n"
     run = json.loads((tmp_path / "draft" / WORK / "run.json").read_text())
     assert run["phase"] == "done" and run["heldout_prompts"] == 2 and run["train_prompts"] == 23
     assert not (tmp_path / "draft" / WORK / CHECKPOINT).exists()
