@@ -99,6 +99,14 @@ def draft() -> None:
     show_default=True,
     help="The divergence to the target's distributions: forward KL or total variation (see the README).",
 )
+@click.option(
+    "--teacher-top-k",
+    type=click.IntRange(0, 20),
+    default=20,
+    show_default=True,
+    help="Train on the target's top-k next tokens a position, kept as it decodes (no target forward while "
+    "training); 0: on its whole distribution, recomputed by a target forward each step.",
+)
 @click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
 @click.option("--train-batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="Sequences a step.")
 @click.option(
@@ -177,6 +185,7 @@ def train(
     hidden: int | None,
     intermediate: int | None,
     loss: str,
+    teacher_top_k: int,
     learning_rate: float,
     train_batch_size: int,
     checkpoint_every: int,
@@ -226,6 +235,7 @@ def train(
                 budget=budget,
                 shape=DraftShape(layers, hidden, intermediate),
                 loss=loss,  # type: ignore[arg-type]
+                teacher_top_k=teacher_top_k,
                 learning_rate=learning_rate,
                 train_batch_size=train_batch_size,
                 checkpoint_every=checkpoint_every,
@@ -243,8 +253,8 @@ def train(
             outcome = train_draft(settings, output_dir, shown, overwrite=overwrite, limits=input_limits)
         except (TrainingInterrupted, KeyboardInterrupt) as exc:
             shown.close()
-            where = f" {exc}" if isinstance(exc, TrainingInterrupted) else ""
-            click.echo(f"interrupted{where}; run the same command again to resume", err=True)
+            what = str(exc) if isinstance(exc, TrainingInterrupted) else "interrupted"
+            click.echo(f"{what}; run the same command again to resume", err=True)
             raise SystemExit(130) from None
         finally:
             shown.close()

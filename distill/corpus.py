@@ -7,10 +7,11 @@ raise acceptance most: the draft learns the target where the target will be aske
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +37,15 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Decoded:
-    """A training sequence: the prompt, then the target's completion of it."""
+    """A training sequence: the prompt, then the target's completion of it, and (where the decode kept
+    them) the target's likeliest next tokens at each completion token's position: the token itself and
+    the top alternatives, `top_k` + 1 ids and raw log-probabilities a token, padded with id 0 and -inf
+    where the token was among the alternatives."""
 
     prompt: tuple[int, ...]
     completion: tuple[int, ...]
+    top_ids: tuple[tuple[int, ...], ...] | None = None  # [completion, top_k + 1]
+    top_logprobs: tuple[tuple[float, ...], ...] | None = None  # [completion, top_k + 1]
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -82,24 +88,41 @@ def decode_with_target(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[Prompt],
     batch_size: int,
+    top_k: int = 0,
     on_progress: DecodeProgress = lambda done, total, stats: None,
 ) -> list[Decoded]:
     """The target's completion of each prompt (specq's batched engine, target-only, each request's own
-    sampling settings), in the prompts' order."""
+    sampling settings), in the prompts' order; with `top_k` > 0, with the target's `top_k` likeliest
+    tokens at each position (the engine's logprobs, read as it verifies: no extra forward)."""
     from specq.decoding.config import DecodingConfig
     from specq.decoding.engine import SpeculativeEngine
 
     engine = SpeculativeEngine(target, tokenizer, None, DecodingConfig(batch_size=batch_size))
     requests = [
-        GenerationRequest(i, prompt.request.prompt_token_ids, prompt.request.params) for i, prompt in enumerate(prompts)
+        GenerationRequest(i, p.request.prompt_token_ids, replace(p.request.params, logprobs=top_k or None))
+        for i, p in enumerate(prompts)
     ]
-    completions: dict[int, tuple[int, ...]] = {}
+    decoded: dict[int, Decoded] = {}
     for result in engine.generate(requests):
         if result.error is not None:
             raise SpecqError(f"the target failed on line {prompts[result.key].line}: {result.error}")
-        completions[result.key] = tuple(result.token_ids)
-        on_progress(len(completions), len(requests), engine.stats)
-    return [Decoded(request.prompt_token_ids, completions[i]) for i, request in enumerate(requests)]
+        decoded[result.key] = _decoded(requests[result.key].prompt_token_ids, result, top_k)
+        on_progress(len(decoded), len(requests), engine.stats)
+    return [decoded[i] for i in range(len(requests))]
+
+
+def _decoded(prompt: tuple[int, ...], result: GenerationResult, top_k: int) -> Decoded:
+    if not top_k:
+        return Decoded(prompt, tuple(result.token_ids))
+    assert result.logprobs is not None and len(result.logprobs) == len(result.token_ids)
+    ids, values = [], []
+    for entry in result.logprobs:
+        pairs = {token_id: logprob for token_id, _, logprob in entry.top[:top_k]}
+        pairs.setdefault(entry.token_id, entry.logprob)
+        padding = top_k + 1 - len(pairs)
+        ids.append((*pairs, *[0] * padding))
+        values.append((*pairs.values(), *[-math.inf] * padding))
+    return Decoded(prompt, tuple(result.token_ids), tuple(ids), tuple(values))
 
 
 def save_sequences(path: Path, sequences: Sequence[Decoded]) -> None:
@@ -107,7 +130,7 @@ def save_sequences(path: Path, sequences: Sequence[Decoded]) -> None:
     partial = path.with_name(path.name + ".partial")
     with open(partial, "w", encoding="utf-8") as out:
         for sequence in sequences:
-            out.write(json.dumps({"prompt": list(sequence.prompt), "completion": list(sequence.completion)}) + "\n")
+            out.write(json.dumps(asdict(sequence)) + "\n")  # -inf as -Infinity, which json reads back
         out.flush()
         os.fsync(out.fileno())
     os.replace(partial, path)
@@ -115,4 +138,11 @@ def save_sequences(path: Path, sequences: Sequence[Decoded]) -> None:
 
 def load_sequences(path: Path) -> list[Decoded]:
     with open(path, encoding="utf-8") as lines:
-        return [Decoded(tuple(row["prompt"]), tuple(row["completion"])) for row in map(json.loads, lines)]
+        return [_from_row(row) for row in map(json.loads, lines)]
+
+
+def _from_row(row: dict[str, Any]) -> Decoded:
+    def rows(values: list[list[Any]] | None) -> tuple[tuple[Any, ...], ...] | None:
+        return None if values is None else tuple(map(tuple, values))
+
+    return Decoded(tuple(row["prompt"]), tuple(row["completion"]), rows(row["top_ids"]), rows(row["top_logprobs"]))

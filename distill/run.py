@@ -74,7 +74,7 @@ def train_draft(
         if workdir.resumed:
             progress.say(f"resuming the unfinished run in {output} (phase: {workdir.phase})")
         target = None
-        if workdir.phase in ("decode", "train"):
+        if workdir.phase == "decode" or (workdir.phase == "train" and not settings.teacher_top_k):
             from specq.models.loading import load_model, resolve_device
 
             target = load_model(settings.target, resolve_device(settings.device), settings.dtype)
@@ -86,12 +86,16 @@ def train_draft(
                 tokenizer,
                 [prompts[i] for i in train_ids],
                 settings.decode_batch_size,
+                top_k=settings.teacher_top_k,
                 on_progress=progress.decoding,
             )
             save_sequences(workdir.sequences, sequences)
             workdir.advance("train", train_prompts=len(train_ids), heldout_prompts=len(heldout_ids))
         if workdir.phase == "train":
-            assert target is not None
+            if target is None:  # resumed: the draft is sized from the target's config and embedding alone
+                from specq.models.loading import load_model
+
+                target = load_model(settings.target, "cpu", "float32")
             state = _train(settings, target, tokenizer, workdir, load_sequences(workdir.sequences), progress)
             del target
             workdir.advance("evaluate", training=state)
@@ -106,16 +110,18 @@ def train_draft(
 
 def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any, sequences: list, progress: Progress):
     from specq.distill.sizing import build_draft
-    from specq.distill.trainer import Teacher, Trainer
+    from specq.distill.trainer import StoredTeacher, Teacher, Trainer
+    from specq.models.loading import resolve_device
 
     target.eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    draft = build_draft(target, settings.shape, settings.seed)
+    draft = build_draft(target, settings.shape, settings.seed).to(resolve_device(settings.device))
+    teacher = StoredTeacher() if settings.teacher_top_k else Teacher(target)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     trainer = Trainer(
         draft,
-        Teacher(target),
+        teacher,
         sequences,
         settings.budget,
         loss=settings.loss,

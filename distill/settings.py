@@ -75,6 +75,9 @@ class DistillSettings:
     budget: Budget = Budget(tokens=200_000)
     shape: DraftShape = DraftShape()
     loss: Loss = "fkl"
+    # the target's likeliest tokens a position that the decode keeps to train on (no target forward while
+    # training); 0: the target's whole distribution, recomputed by a forward each step
+    teacher_top_k: int = 20
     learning_rate: float = 1e-3  # AdamW; 2e-3 and above made the tiny pair's draft worse (tests/test_distill.py)
     train_batch_size: int = 8  # sequences a step
     max_train_tokens: int = 1024  # longer sequences keep their last tokens
@@ -91,6 +94,8 @@ class DistillSettings:
         for name in ("decode_batch_size", "train_batch_size", "max_train_tokens", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.teacher_top_k <= 20:  # the engine's logprobs give 20 alternatives at most
+            raise ValueError(f"teacher_top_k must be in [0, 20], got {self.teacher_top_k}")
         if self.heldout is not None and self.heldout < 1:
             raise ValueError(f"heldout must be >= 1, got {self.heldout}")
         if not self.learning_rate > 0:

@@ -2,9 +2,16 @@
 speculative decoding DistillSpec, Zhou et al. 2024).
 
 Each step takes a batch of decoded sequences (prompt and the target's completion) and, at every
-position that predicts a completion token (and the one after the last, where the target would end),
-moves the draft's next-token distribution towards the target's, recomputed on the fly from the target
-(one forward without gradients: cheaper than storing full distributions, and exact, unlike a top-k).
+position that predicts a completion token, moves the draft's next-token distribution towards the
+target's. Two teachers:
+
+    StoredTeacher  the target's top-k tokens a position (20 by default), which the engine recorded as
+                   it decoded (its logprobs): no target forward while training, so a step costs the
+                   draft's forward and backward alone (on SmolLM2-135M, a sixth of the step with a
+                   target forward); the divergence is that of the distributions coarsened to those
+                   tokens and one bucket for the rest;
+    Teacher        the whole distribution, recomputed by a target forward without gradients each step;
+                   exact, and it also trains the position after the last token (where the target ends).
 
 Divergences, both from DistillSpec's menu, the same on every position:
 
@@ -66,16 +73,50 @@ class TrainState:
 StepProgress = Callable[[TrainState], None]
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One step's sequences as tensors, right-padded."""
+
+    input_ids: torch.Tensor  # [batch, time]
+    attention_mask: torch.Tensor  # [batch, time]
+    positions: torch.Tensor  # [batch, time], bool: the n positions trained on, row by row
+    top_ids: torch.Tensor | None  # [n, top_k + 1]: the target's likeliest next tokens there (stored)
+    top_logprobs: torch.Tensor | None  # [n, top_k + 1], -inf where padded
+
+
+@dataclass(frozen=True)
+class TopK:
+    """The target's distribution at n positions, known on its likeliest tokens only."""
+
+    ids: torch.Tensor  # [n, m]
+    logprobs: torch.Tensor  # [n, m], -inf where padded
+
+
 class Teacher:
-    """The target's next-token log-probabilities at chosen positions of a batch."""
+    """The target's whole next-token distribution, recomputed by a forward without gradients."""
+
+    final_position = True  # it also knows the position after the completion's last token
 
     def __init__(self, target: PreTrainedModel) -> None:
         self.target = target
+
+    def targets(self, batch: Batch) -> torch.Tensor | TopK:
+        return self.log_probs(batch.input_ids, batch.attention_mask, batch.positions)
 
     @torch.no_grad()
     def log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[n, vocab] log-probabilities at the n True `positions` ([batch, time]) of `input_ids`."""
         return next_token_log_probs(self.target, input_ids, attention_mask, positions).float()
+
+
+class StoredTeacher:
+    """The target's top-k next tokens as its decode recorded them (corpus.Decoded): no target forward."""
+
+    final_position = False  # the decode recorded the positions of emitted tokens only
+
+    def targets(self, batch: Batch) -> torch.Tensor | TopK:
+        assert batch.top_ids is not None and batch.top_logprobs is not None, "sequences decoded without top-k"
+        return TopK(batch.top_ids, batch.top_logprobs)
 
 
 def next_token_log_probs(
@@ -92,8 +133,13 @@ def next_token_log_probs(
     return torch.log_softmax(logits, dim=-1)
 
 
-def divergence(loss: Loss, target_log_probs: torch.Tensor, draft_log_probs: torch.Tensor) -> torch.Tensor:
-    """The mean over positions of the divergence `loss` between [n, vocab] log-probabilities."""
+def divergence(loss: Loss, target: torch.Tensor | TopK, draft_log_probs: torch.Tensor) -> torch.Tensor:
+    """The mean over positions of the divergence `loss` between the target's distributions (`target`:
+    [n, vocab] log-probabilities, or its top tokens) and the draft's ([n, vocab] log-probabilities)."""
+    if isinstance(target, TopK):
+        return _top_divergence(loss, target, draft_log_probs)
+    vocab = min(target.shape[-1], draft_log_probs.shape[-1])
+    target_log_probs, draft_log_probs = target[:, :vocab], draft_log_probs[:, :vocab]
     target_probs = target_log_probs.exp()  # [n, vocab]
     if loss == "fkl":
         per_position = (target_probs * (target_log_probs - draft_log_probs)).sum(-1)  # [n]
@@ -102,23 +148,54 @@ def divergence(loss: Loss, target_log_probs: torch.Tensor, draft_log_probs: torc
     return per_position.mean()
 
 
+def _top_divergence(loss: Loss, target: TopK, draft_log_probs: torch.Tensor) -> torch.Tensor:
+    """The divergence between the two distributions coarsened to the target's top tokens and one bucket
+    for all the rest (the exact divergence of those coarsened distributions, a lower bound of the whole's)."""
+    known = torch.isfinite(target.logprobs)  # [n, m]
+    target_log_probs = torch.where(known, target.logprobs, 0.0)  # [n, m]
+    target_probs = torch.where(known, target_log_probs.exp(), 0.0)  # [n, m]
+    draft_top = draft_log_probs.gather(-1, target.ids)  # [n, m]
+    draft_probs = torch.where(known, draft_top.exp(), 0.0)  # [n, m]
+    target_rest = (1 - target_probs.sum(-1)).clamp_min(0.0)  # [n]
+    draft_rest = (1 - draft_probs.sum(-1)).clamp_min(1e-6)  # [n]
+    if loss == "fkl":
+        top = torch.where(known, target_probs * (target_log_probs - draft_top), 0.0).sum(-1)  # [n]
+        per_position = top + torch.xlogy(target_rest, target_rest) - target_rest * draft_rest.log()
+    else:
+        per_position = 0.5 * ((target_probs - draft_probs).abs().sum(-1) + (target_rest - draft_rest).abs())
+    return per_position.mean()
+
+
 @dataclass(frozen=True)
 class Window:
-    """One training sequence as trained on: at most `max_tokens` tokens, and where its loss starts."""
+    """One training sequence as trained on: at most `max_tokens` tokens, the positions trained on
+    (`loss_start` to `loss_end`, exclusive) and, where stored, the target's top tokens at each."""
 
     token_ids: tuple[int, ...]
-    loss_start: int  # the first position whose next token is a completion token
+    loss_start: int
+    loss_end: int
+    top_ids: tuple[tuple[int, ...], ...] | None = None
+    top_logprobs: tuple[tuple[float, ...], ...] | None = None
 
     @classmethod
-    def of(cls, sequence: Decoded, max_tokens: int) -> Window:
+    def of(cls, sequence: Decoded, max_tokens: int, final_position: bool) -> Window:
+        """Position i predicts token i + 1: the completion's tokens are predicted from len(prompt) - 1 on,
+        and `final_position` adds the position after the last (where the target would end). A sequence
+        longer than `max_tokens` keeps its last tokens."""
         tokens = sequence.token_ids
-        start = max(0, len(sequence.prompt) - 1)
+        first = len(sequence.prompt) - 1  # may be -1: the first completion token is then not trained on
+        end = len(tokens) - (0 if final_position else 1)
         cut = max(0, len(tokens) - max_tokens)
-        return cls(tokens[cut:], max(0, start - cut))
+        skipped = max(0, cut - first)  # trained positions lost to the cut (or to an empty prompt)
+        start = first + skipped
+        tops = (sequence.top_ids, sequence.top_logprobs)
+        if tops[0] is not None and tops[1] is not None:
+            tops = (tops[0][skipped : skipped + end - start], tops[1][skipped : skipped + end - start])
+        return cls(tokens[cut:], start - cut, end - cut, *tops)
 
     @property
     def loss_positions(self) -> int:
-        return len(self.token_ids) - self.loss_start
+        return self.loss_end - self.loss_start
 
 
 def batch_indices(step: int, count: int, batch_size: int, seed: int) -> list[int]:
@@ -134,8 +211,9 @@ def batch_indices(step: int, count: int, batch_size: int, seed: int) -> list[int
     return chosen
 
 
-def collate(windows: Sequence[Window], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(input_ids, attention_mask, positions), each [batch, time], right-padded."""
+def collate(windows: Sequence[Window], pad_id: int, device: torch.device) -> Batch:
+    """The windows as one right-padded batch; their stored top tokens (if every window has them) in the
+    order of the positions, row by row."""
     width = max(len(w.token_ids) for w in windows)
     input_ids = torch.full((len(windows), width), pad_id, dtype=torch.long)  # [batch, time]
     attention_mask = torch.zeros(len(windows), width, dtype=torch.long)  # [batch, time]
@@ -144,8 +222,12 @@ def collate(windows: Sequence[Window], pad_id: int, device: torch.device) -> tup
         n = len(window.token_ids)
         input_ids[row, :n] = torch.tensor(window.token_ids)
         attention_mask[row, :n] = 1
-        positions[row, window.loss_start : n] = True
-    return input_ids.to(device), attention_mask.to(device), positions.to(device)
+        positions[row, window.loss_start : window.loss_end] = True
+    top_ids = top_logprobs = None
+    if all(w.top_ids is not None for w in windows):
+        top_ids = torch.tensor([ids for w in windows for ids in w.top_ids or ()], dtype=torch.long).to(device)
+        top_logprobs = torch.tensor([v for w in windows for v in w.top_logprobs or ()], dtype=torch.float32).to(device)
+    return Batch(input_ids.to(device), attention_mask.to(device), positions.to(device), top_ids, top_logprobs)
 
 
 def learning_rate(base: float, step: int, fraction: float) -> float:
@@ -158,7 +240,7 @@ def learning_rate(base: float, step: int, fraction: float) -> float:
 @dataclass
 class Trainer:
     draft: PreTrainedModel
-    teacher: Teacher
+    teacher: Teacher | StoredTeacher
     sequences: Sequence[Decoded]
     budget: Budget
     loss: Loss = "fkl"
@@ -172,7 +254,7 @@ class Trainer:
     def __post_init__(self) -> None:
         if not self.sequences:
             raise ValueError("no training sequences")
-        self.windows = [Window.of(s, self.max_tokens) for s in self.sequences]
+        self.windows = [Window.of(s, self.max_tokens, self.teacher.final_position) for s in self.sequences]
         self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=self.learning_rate, weight_decay=0.0)
         self.state = TrainState()
         self.device = next(self.draft.parameters()).device
@@ -208,14 +290,14 @@ class Trainer:
         """One optimizer step on the next batch; its loss."""
         state = self.state
         indices = batch_indices(state.step, len(self.windows), self.batch_size, self.seed)
-        windows = [self.windows[i] for i in indices]
-        input_ids, attention_mask, positions = collate(windows, self.pad_id, self.device)
+        batch = collate([self.windows[i] for i in indices], self.pad_id, self.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         with autocast:
-            target_log_probs = self.teacher.log_probs(input_ids, attention_mask, positions)  # [n, vocab]
-            draft_log_probs = next_token_log_probs(self.draft, input_ids, attention_mask, positions)  # [n, vocab]
-        vocab = min(target_log_probs.shape[-1], draft_log_probs.shape[-1])
-        loss = divergence(self.loss, target_log_probs[:, :vocab], draft_log_probs[:, :vocab])
+            target = self.teacher.targets(batch)  # [n, vocab] log-probabilities, or the top tokens
+            draft_log_probs = next_token_log_probs(
+                self.draft, batch.input_ids, batch.attention_mask, batch.positions
+            )  # [n, vocab]
+        loss = divergence(self.loss, target, draft_log_probs)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.learning_rate, state.step, state.fraction(self.budget))
         self.optimizer.zero_grad(set_to_none=True)
@@ -223,7 +305,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 1.0)
         self.optimizer.step()
         state.step += 1
-        state.tokens += int(positions.sum())
+        state.tokens += int(batch.positions.sum())
         return float(loss.detach())
 
     def run(self, folder: Path, on_step: StepProgress = lambda state: None) -> TrainState:

@@ -19,14 +19,15 @@ from specq.distill.corpus import Prompt, decode_with_target
 from specq.distill.run import train_draft
 from specq.distill.settings import Budget, DistillSettings, DraftShape
 from specq.distill.sizing import build_draft, draft_config
-from specq.distill.trainer import CHECKPOINT, Teacher, Trainer, TrainingInterrupted
+from specq.distill.trainer import CHECKPOINT, StoredTeacher, Teacher, TopK, Trainer, TrainingInterrupted
 from specq.distill.workdir import WORK
 from tests.services import invoke, write_requests
 from tests.tiny_models import TINY_CORPUS, IdTokenizer, tiny_llama
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0)
 # acceptance (K = 4, greedy) a distilled draft must gain over an untrained one of the same size. Measured:
-# untrained 0.005, distilled 0.31, trained on shuffled target distributions 0.02 (0.09 with tvd)
+# untrained 0.005, distilled 0.32 on the stored top-20 (0.31 on the whole distribution, live), trained on
+# shuffled target distributions 0.02 (0.09 with tvd)
 MARGIN = 0.15
 
 
@@ -34,12 +35,25 @@ def _random_prompts(count: int, rng: random.Random) -> list[tuple[int, ...]]:
     return [tuple([0] + [rng.randrange(2, 64) for _ in range(rng.randrange(3, 12))]) for _ in range(count)]
 
 
+def _shuffled(rows: int) -> torch.Tensor:
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(0))
+
+
 class ShuffledTeacher(Teacher):
     """The target's distributions, each at the wrong position: what a broken pairing of data would teach."""
 
     def log_probs(self, input_ids, attention_mask, positions):
         log_probs = super().log_probs(input_ids, attention_mask, positions)  # [n, vocab]
-        return log_probs[torch.randperm(log_probs.shape[0], generator=torch.Generator().manual_seed(0))]
+        return log_probs[_shuffled(log_probs.shape[0])]
+
+
+class ShuffledStoredTeacher(StoredTeacher):
+    """The stored top tokens, each at the wrong position."""
+
+    def targets(self, batch):
+        top = super().targets(batch)
+        order = _shuffled(top.ids.shape[0])
+        return TopK(top.ids[order], top.logprobs[order])
 
 
 def _acceptance(target, draft, prompts) -> float:
@@ -53,8 +67,9 @@ def _acceptance(target, draft, prompts) -> float:
 
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory):
-    """(target, held-out prompts, {name: draft}) for an untrained draft, a distilled one and one trained on
-    shuffled target distributions, all of the default size for the tiny target, trained alike."""
+    """(target, held-out prompts, {name: draft}): an untrained draft, and drafts of the same (default) size
+    for the tiny target trained alike on the stored top-20 or on the live distributions, right or
+    shuffled."""
     torch.manual_seed(0)
     target = tiny_llama(vocab=64, layers=2, hidden=64, seed=0)
     for parameter in target.parameters():
@@ -62,34 +77,42 @@ def distilled(tmp_path_factory):
     rng = random.Random(0)
     train, heldout = _random_prompts(64, rng), _random_prompts(16, rng)
     requests = [Prompt(i, GenerationRequest(i, p, GREEDY)) for i, p in enumerate(train)]
-    sequences = decode_with_target(target, IdTokenizer(), requests, batch_size=16)
+    sequences = decode_with_target(target, IdTokenizer(), requests, batch_size=16, top_k=20)
     drafts = {"untrained": build_draft(target, DraftShape(), seed=0)}
-    for name, teacher in (("distilled", Teacher(target)), ("shuffled", ShuffledTeacher(target))):
+    teachers = {
+        "stored": StoredTeacher(),
+        "stored shuffled": ShuffledStoredTeacher(),
+        "live": Teacher(target),
+        "live shuffled": ShuffledTeacher(target),
+    }
+    for name, teacher in teachers.items():
         draft = build_draft(target, DraftShape(), seed=0)
         Trainer(draft, teacher, sequences, Budget(tokens=20_000), checkpoint_every=10**6).run(
-            tmp_path_factory.mktemp(name)
+            tmp_path_factory.mktemp(name.replace(" ", "-"))
         )
         drafts[name] = draft
     return target, heldout, drafts
 
 
-def test_distilled_draft_beats_an_untrained_one_by_the_margin(distilled):
+@pytest.mark.parametrize("teacher", ["stored", "live"])
+def test_distilled_draft_beats_an_untrained_one_by_the_margin(distilled, teacher):
     target, heldout, drafts = distilled
     untrained = _acceptance(target, drafts["untrained"], heldout)
-    assert _acceptance(target, drafts["distilled"], heldout) >= untrained + MARGIN
+    assert _acceptance(target, drafts[teacher], heldout) >= untrained + MARGIN
 
 
-def test_the_margin_has_power_a_draft_trained_on_shuffled_targets_misses_it(distilled):
+@pytest.mark.parametrize("teacher", ["stored", "live"])
+def test_the_margin_has_power_a_draft_trained_on_shuffled_targets_misses_it(distilled, teacher):
     target, heldout, drafts = distilled
     untrained = _acceptance(target, drafts["untrained"], heldout)
-    assert _acceptance(target, drafts["shuffled"], heldout) < untrained + MARGIN
+    assert _acceptance(target, drafts[f"{teacher} shuffled"], heldout) < untrained + MARGIN
 
 
 def test_greedy_output_with_the_distilled_draft_is_the_targets(distilled):
     target, heldout, drafts = distilled
     requests = [GenerationRequest(i, p, GREEDY) for i, p in enumerate(heldout)]
     alone = {r.key: r.token_ids for r in SpeculativeEngine(target, IdTokenizer()).generate(requests)}
-    engine = SpeculativeEngine(target, IdTokenizer(), drafts["distilled"], DecodingConfig(num_speculative_tokens=4))
+    engine = SpeculativeEngine(target, IdTokenizer(), drafts["stored"], DecodingConfig(num_speculative_tokens=4))
     assert {r.key: r.token_ids for r in engine.generate(requests)} == alone
     assert engine.stats.num_accepted_tokens > 0
 
@@ -190,10 +213,15 @@ def uninterrupted(tiny_pair, tmp_path_factory):
 
 
 def _same_weights(one: Path, other: Path) -> bool:
+    """The same weights up to float rounding: each run's target decode batches its rows as its own measured
+    step times say, which moves the recorded log-probabilities in their last bits (two uninterrupted runs
+    differ as much)."""
     from safetensors.torch import load_file
 
     weights = [load_file(folder / "model.safetensors") for folder in (one, other)]
-    return weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    return weights[0].keys() == weights[1].keys() and all(
+        torch.allclose(weights[0][k], weights[1][k], rtol=1e-4, atol=1e-5) for k in weights[0]
+    )
 
 
 def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_checkpoints_and_weights(uninterrupted, tmp_path):
