@@ -78,7 +78,7 @@ class DistillSettings:
     # the target's likeliest tokens a position that the decode keeps to train on (no target forward while
     # training); 0: the target's whole distribution, recomputed by a forward each step
     teacher_top_k: int = 20
-    learning_rate: float = 1e-3  # AdamW; 2e-3 and above made the tiny pair's draft worse (tests/test_distill.py)
+    learning_rate: float = 1e-3  # AdamW, peak (distill/trainer.py's schedule)
     train_batch_size: int = 8  # sequences a step
     max_train_tokens: int = 1024  # longer sequences keep their last tokens
     checkpoint_every: int = 50  # steps between checkpoints
