@@ -285,6 +285,7 @@ class _Shown:
         self._last_line = time.monotonic()
 
     def say(self, message: str) -> None:
+        self.close()  # a phase's bar ends where the next phase's first line comes
         click.echo(message, err=True)
 
     def decoding(self, done: int, total: int, stats: EngineStats) -> None:
