@@ -52,6 +52,7 @@ class ShuffledStoredTeacher(StoredTeacher):
 
     def targets(self, batch):
         top = super().targets(batch)
+        assert isinstance(top, TopK)
         order = _shuffled(top.ids.shape[0])
         return TopK(top.ids[order], top.logprobs[order])
 
@@ -79,7 +80,7 @@ def distilled(tmp_path_factory):
     requests = [Prompt(i, GenerationRequest(i, p, GREEDY)) for i, p in enumerate(train)]
     sequences = decode_with_target(target, IdTokenizer(), requests, batch_size=16, top_k=20)
     drafts = {"untrained": build_draft(target, DraftShape(), seed=0)}
-    teachers = {
+    teachers: dict[str, Teacher | StoredTeacher] = {
         "stored": StoredTeacher(),
         "stored shuffled": ShuffledStoredTeacher(),
         "live": Teacher(target),
