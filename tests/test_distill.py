@@ -359,3 +359,26 @@ def test_the_draft_starts_from_the_targets_embedding():
     kept = narrow.get_input_embeddings().weight.detach()  # [vocab, 32]
     error = (kept @ kept.T - embed @ embed.T).norm() / (embed @ embed.T).norm()
     assert error < 0.5
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "window", "positions", "tops"),
+    [
+        (100, (10, 11, 12, 13, 14, 20, 21, 22, 23), (4, 8), (0, 1, 2, 3)),  # whole: prompt's last token on
+        (6, (13, 14, 20, 21, 22, 23), (1, 5), (0, 1, 2, 3)),  # the prompt's start cut
+        (3, (21, 22, 23), (0, 2), (2, 3)),  # into the completion: its first tokens lose their positions
+    ],
+)
+def test_a_window_trains_each_position_on_the_next_tokens_own_stored_distribution(max_tokens, window, positions, tops):
+    from specq.distill.corpus import Decoded
+    from specq.distill.trainer import Window
+
+    # completion token i's stored top tokens are tagged (i,): the row at position p must be the next token's
+    sequence = Decoded((10, 11, 12, 13, 14), (20, 21, 22, 23), tuple((i,) for i in range(4)), ((0.0,),) * 4)
+    got = Window.of(sequence, max_tokens, final_position=False)
+    assert got.token_ids == window and (got.loss_start, got.loss_end) == positions
+    assert got.top_ids == tuple((i,) for i in tops)
+    for offset, position in enumerate(range(*positions)):  # position p predicts token p + 1
+        assert 20 + got.top_ids[offset][0] == got.token_ids[position + 1]
+    live = Window.of(sequence, max_tokens, final_position=True)  # the live teacher also trains the last one
+    assert (live.loss_start, live.loss_end) == (positions[0], positions[1] + 1)
