@@ -7,6 +7,7 @@ from specq.cli import (  # noqa: F401
     cancel,
     db,
     demo_models,
+    draft,
     export,
     run,
     status,

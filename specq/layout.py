@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PARTS = ("bench", "cli", "db", "decoding", "jobs", "models", "worker")  # each specq/PART -> ../PART
+PARTS = ("bench", "cli", "db", "decoding", "distill", "jobs", "models", "worker")  # each specq/PART -> ../PART
 
 
 def missing_parts(package: Path) -> list[str]:

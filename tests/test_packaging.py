@@ -47,7 +47,8 @@ ALLOWED: dict[str, set[str]] = {
     "jobs": {"core", "db", "decoding", "models"},
     "worker": {"core", "db", "decoding", "models", "jobs"},
     "bench": {"core", "decoding", "models", "jobs"},
-    "cli": {"core", "db", "decoding", "models", "jobs", "worker", "bench"},
+    "distill": {"core", "decoding", "models", "jobs", "bench"},
+    "cli": {"core", "db", "decoding", "models", "jobs", "worker", "bench", "distill"},
 }
 
 
@@ -162,6 +163,7 @@ def test_wheel_installs_specq_alone(tmp_path) -> None:
     assert {name.split("/")[0] for name in names} == {"specq", wheel.name.split("-")[0] + f"-{__version__}.dist-info"}
     assert "specq/db/migrations/versions/0001_initial_schema.py" in names
     assert "specq/cli/main.py" in names
+    assert "specq/distill/run.py" in names
 
 
 def _without_links(tmp_path: Path) -> Path:

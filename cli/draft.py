@@ -1,0 +1,343 @@
+"""`specq draft train --target T --data PROMPTS.jsonl -o DIR`: distil a draft for the target (distill/)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from specq.cli.group import cli
+from specq.cli.options import (
+    DTYPES,
+    float_range,
+    input_limit_options,
+    int_range,
+    specq_errors,
+)
+from specq.cli.progress import PLAIN_EVERY_S, ProgressBar
+from specq.limits import BATCH_SIZE, BENCH_SPECULATIVE_TOKENS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
+
+if TYPE_CHECKING:
+    from specq.decoding.stats import EngineStats
+    from specq.distill.settings import Budget
+    from specq.distill.trainer import TrainState
+    from specq.jobs.inputs import InputLimits
+
+
+def _budget(ctx: click.Context, param: click.Parameter, value: str) -> Budget:
+    from specq.distill.settings import Budget
+
+    try:
+        return Budget.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"expected comma-separated positive integers, got {value!r}")
+    return sizes
+
+
+@cli.group("draft")
+def draft() -> None:
+    """Draft models for speculative decoding."""
+
+
+@draft.command("train")
+@click.option(
+    "--target", envvar="SPECQ_TARGET", required=True, help="Target model: a Hugging Face id or a local folder."
+)
+@click.option(
+    "--data",
+    "data_path",
+    metavar="PROMPTS.jsonl",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help="The prompts, a job file as `submit` takes it (plain or OpenAI lines; - for standard input).",
+)
+@click.option(
+    "-o",
+    "--output",
+    "output_dir",
+    metavar="DIR",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The draft's folder (a Hugging Face model folder with the target's tokenizer, for --draft DIR).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace DIR if it exists (a model folder or an earlier run's).")
+@click.option(
+    "--budget",
+    default="200k",
+    show_default=True,
+    callback=_budget,
+    help="How much to train: tokens (200000, 200k, 2M) or training time (90s, 30m, 1h; the target's decoding "
+    "not counted).",
+)
+@click.option("--layers", type=click.IntRange(min=1), help="The draft's layers. [default: an eighth of the target's]")
+@click.option(
+    "--hidden",
+    type=click.IntRange(min=8),
+    help="The draft's width, a multiple of its head size. [default: half the target's]",
+)
+@click.option(
+    "--intermediate",
+    type=click.IntRange(min=1),
+    help="The draft's MLP width. [default: the target's ratio to its width]",
+)
+@click.option(
+    "--loss",
+    type=click.Choice(("fkl", "tvd")),
+    default="fkl",
+    show_default=True,
+    help="The divergence to the target's distributions: forward KL or total variation (see the README).",
+)
+@click.option(
+    "--teacher-top-k",
+    type=click.IntRange(0, 20),
+    default=20,
+    show_default=True,
+    help="Train on the target's top-k next tokens a position, kept as it decodes (no target forward while "
+    "training); 0: on its whole distribution, recomputed by a target forward each step.",
+)
+@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
+@click.option("--train-batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="Sequences a step.")
+@click.option(
+    "--checkpoint-every", type=click.IntRange(min=1), default=50, show_default=True, help="Steps between checkpoints."
+)
+@click.option(
+    "--heldout",
+    type=click.IntRange(min=1),
+    help="Prompts kept out of training and measured on at the end. [default: a tenth, 1 to 32]",
+)
+@click.option(
+    "--train-seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the split, init and batches.",
+)
+@click.option(
+    "--max-tokens", type=int_range(MAX_TOKENS), default=128, show_default=True, help="The target's completion length."
+)
+@click.option(
+    "--temperature",
+    type=float_range(TEMPERATURE),
+    default=0.0,
+    show_default=True,
+    help="The target's sampling temperature while it decodes (a line may set its own), and the measurement's.",
+)
+@click.option("--top-p", type=float_range(TOP_P), help="Nucleus sampling mass. [default: 1.0]")
+@click.option("--top-k", type=int_range(TOP_K), help="Top-k cut, 0 for none. [default: 0]")
+@click.option("--seed", type=int_range(SEED), help="Sampling seed of lines that set none.")
+@click.option(
+    "--batch-size", type=int_range(BATCH_SIZE), default=8, show_default=True, help="Rows the target decodes together."
+)
+@click.option("--device", help="Torch device, e.g. cpu or cuda:0. [default: cuda:0 if available, else cpu]")
+@click.option(
+    "--dtype",
+    type=click.Choice(DTYPES, case_sensitive=False),
+    help="The target's dtype. [default: float32 on CPU, bfloat16 on CUDA; the draft trains in float32]",
+)
+@click.option(
+    "--chat-template",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A Jinja chat template file for chat lines. [default: the target tokenizer's]",
+)
+@click.option(
+    "--num-speculative-tokens",
+    "-k",
+    type=int_range(BENCH_SPECULATIVE_TOKENS),
+    default=4,
+    show_default=True,
+    help="K of the held-out measurement.",
+)
+@click.option(
+    "--eval-batch-sizes",
+    default="1",
+    show_default=True,
+    callback=_batch_sizes,
+    help="Batch sizes of the held-out measurement, comma-separated.",
+)
+@click.option(
+    "--eval-warmup",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Untimed passes before the timed one.",
+)
+@click.option("--progress/--no-progress", default=True, help="Progress bars on stderr. [default: on]")
+@input_limit_options
+def train(
+    target: str,
+    data_path: str,
+    output_dir: Path,
+    overwrite: bool,
+    budget: Budget,
+    layers: int | None,
+    hidden: int | None,
+    intermediate: int | None,
+    loss: str,
+    teacher_top_k: int,
+    learning_rate: float,
+    train_batch_size: int,
+    checkpoint_every: int,
+    heldout: int | None,
+    train_seed: int,
+    max_tokens: int,
+    temperature: float,
+    top_p: float | None,
+    top_k: int | None,
+    seed: int | None,
+    batch_size: int,
+    device: str | None,
+    dtype: str | None,
+    chat_template: str | None,
+    num_speculative_tokens: int,
+    eval_batch_sizes: tuple[int, ...],
+    eval_warmup: int,
+    progress: bool,
+    input_limits: InputLimits,
+) -> None:
+    """Distil a draft for TARGET from its own outputs on PROMPTS.jsonl, into DIR.
+
+    The target decodes the training prompts (target-only, with specq's engine), a small draft sized
+    from it learns its distributions, and the command ends by measuring the draft against target-only
+    on held-out prompts, as `specq bench` does; DIR alone on stdout. An interrupted run (Ctrl-C, a kill)
+    resumes when the same command is run again. Exit 2 on bad prompts, a target that does not load or a
+    DIR that exists.
+    """
+    from specq.distill.run import train_draft
+    from specq.distill.settings import DistillSettings, DraftShape
+    from specq.distill.trainer import TrainingInterrupted
+
+    sampling: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
+    sampling.update((k, v) for k, v in (("top_p", top_p), ("top_k", top_k), ("seed", seed)) if v is not None)
+    with specq_errors():
+        from specq.jobs.chat_template import load_chat_template
+
+        try:
+            settings = DistillSettings(
+                target=target,
+                data=data_path,
+                sampling=sampling,
+                chat_template=None if chat_template is None else load_chat_template(chat_template),
+                device=device or None,
+                dtype=dtype.lower() if dtype else None,
+                decode_batch_size=batch_size,
+                budget=budget,
+                shape=DraftShape(layers, hidden, intermediate),
+                loss=loss,  # type: ignore[arg-type]
+                teacher_top_k=teacher_top_k,
+                learning_rate=learning_rate,
+                train_batch_size=train_batch_size,
+                checkpoint_every=checkpoint_every,
+                heldout=heldout,
+                seed=train_seed,
+                eval_batch_sizes=eval_batch_sizes,
+                num_speculative_tokens=num_speculative_tokens,
+                eval_warmup=eval_warmup,
+            )
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        shown = _Shown(progress)
+        started = time.perf_counter()
+        try:
+            outcome = train_draft(settings, output_dir, shown, overwrite=overwrite, limits=input_limits)
+        except (TrainingInterrupted, KeyboardInterrupt) as exc:
+            shown.close()
+            what = str(exc) if isinstance(exc, TrainingInterrupted) else "interrupted"
+            click.echo(f"{what}; run the same command again to resume", err=True)
+            raise SystemExit(130) from None
+        finally:
+            shown.close()
+    from specq.distill.evaluate import summary_lines
+
+    state = outcome.state
+    click.echo(
+        f"trained on {outcome.train_prompts} prompts: {state['tokens']} tokens in {state['step']} steps, "
+        f"{state['elapsed_s']:.0f}s of training, {state['checkpoints']} checkpoints, final loss {state['loss']:.4f}; "
+        f"{time.perf_counter() - started:.0f}s in all" + (" (this try)" if outcome.resumed else ""),
+        err=True,
+    )
+    for line in summary_lines(outcome.evaluation):
+        click.echo(line, err=True)
+    click.echo(f"draft written to {outcome.draft_dir}: use it with --draft {outcome.draft_dir}", err=True)
+    click.echo(str(outcome.draft_dir))  # alone on stdout, for scripts: draft=$(specq draft train ...)
+
+
+class _Shown:
+    """The command's progress on stderr: a bar for the target's decoding, one for training (tokens or
+    seconds of the budget, with ETA and loss), and lines for the rest."""
+
+    def __init__(self, show: bool) -> None:
+        self.show = show
+        self.decode_bar: ProgressBar | None = None
+        self.decode_started = 0.0
+        self.train_bar: Any = None
+        self._last_line = time.monotonic()
+
+    def say(self, message: str) -> None:
+        self.close()  # a phase's bar ends where the next phase's first line comes
+        click.echo(message, err=True)
+
+    def decoding(self, done: int, total: int, stats: EngineStats) -> None:
+        if self.decode_bar is None:
+            self.decode_bar = ProgressBar("target decodes", total, self.show).__enter__()
+            self.decode_started = time.perf_counter()
+        elapsed = max(time.perf_counter() - self.decode_started, 1e-9)
+        self.decode_bar.update(done, stats.num_generated_tokens / elapsed, 0.0)
+        if done == total:
+            self.decode_bar.__exit__()
+            self.decode_bar = None
+
+    def training(self, state: TrainState, budget: Budget) -> None:
+        total, done = (
+            (float(budget.tokens), float(state.tokens))
+            if budget.tokens is not None
+            else (float(budget.seconds or 0.0), state.elapsed_s)
+        )
+        if self.train_bar is None:
+            self.train_bar = _training_bar(self.show)
+            self.train_task = self.train_bar.add_task("training", total=total, loss=state.loss, step=state.step)
+            self.plain = self.show and not self.train_bar.console.is_terminal
+            self.train_bar.__enter__()
+        self.train_bar.update(self.train_task, completed=min(done, total), loss=state.loss, step=state.step)
+        now = time.monotonic()
+        if self.plain and now - self._last_line >= PLAIN_EVERY_S:
+            self._last_line = now
+            share = f"{state.fraction(budget):.0%} of {budget.describe()}"
+            sys.stderr.write(f"training: step {state.step}, {share}, loss {state.loss:.4f}\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.decode_bar is not None:
+            self.decode_bar.__exit__()
+            self.decode_bar = None
+        if self.train_bar is not None:
+            self.train_bar.__exit__(None, None, None)
+            self.train_bar = None
+
+
+def _training_bar(show: bool) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeRemainingColumn(),
+        TextColumn("step {task.fields[step]}"),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        console=console,
+        disable=not show or not console.is_terminal,
+    )

@@ -1,0 +1,148 @@
+"""The training data: the prompts of the job file, split into training and held-out prompts, and the
+target's own completions of the training prompts, decoded by specq's engine with the target alone.
+
+Training on the target's outputs (not on a dataset's) is what DistillSpec (Zhou et al. 2024) found to
+raise acceptance most: the draft learns the target where the target will be asked to go."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.errors import BadInputError, SpecqError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from specq.decoding.stats import EngineStats
+    from specq.jobs.inputs import RequestSpec
+
+DecodeProgress = Callable[[int, int, "EngineStats"], None]  # (decoded, total, the engine's counters)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of the file, tokenized as the engine gets it, with its sampling settings resolved."""
+
+    line: int
+    request: GenerationRequest
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A training sequence: the prompt, then the target's completion of it, and (where the decode kept
+    them) the target's likeliest next tokens at each completion token's position: the token itself and
+    the top alternatives, `top_k` + 1 ids and raw log-probabilities a token, padded with id 0 and -inf
+    where the token was among the alternatives."""
+
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    top_ids: tuple[tuple[int, ...], ...] | None = None  # [completion, top_k + 1]
+    top_logprobs: tuple[tuple[float, ...], ...] | None = None  # [completion, top_k + 1]
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.prompt + self.completion
+
+
+def prepare_prompts(
+    specs: Iterator[RequestSpec],
+    tokenizer: PreTrainedTokenizerBase,
+    sampling: dict[str, Any],
+    chat_template: str | None,
+    name: str,
+) -> list[Prompt]:
+    """Every validated line as an engine request (a line with `n` > 1 counts once: the draft learns from
+    one completion of it). Lines that cannot be prepared (a chat template that fails to render) are
+    reported together as bad lines of `name`: the training data would silently lose them otherwise."""
+    from specq.jobs.params import engine_request
+
+    prompts, problems = [], []
+    for key, spec in enumerate(specs):
+        request = engine_request(key, spec, tokenizer, sampling, chat_template)
+        if isinstance(request, GenerationResult):
+            problems.append(f"{name}:{spec.line}: {request.error}")
+        else:
+            prompts.append(Prompt(spec.line, request))
+    if problems:
+        raise BadInputError(problems)
+    return prompts
+
+
+def split(count: int, heldout: int, seed: int) -> tuple[list[int], list[int]]:
+    """(training indices, held-out indices) of `count` prompts, `heldout` of them drawn at random with
+    `seed`; both in file order."""
+    chosen = set(random.Random(seed).sample(range(count), heldout))
+    return [i for i in range(count) if i not in chosen], sorted(chosen)
+
+
+def decode_with_target(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Prompt],
+    batch_size: int,
+    top_k: int = 0,
+    on_progress: DecodeProgress = lambda done, total, stats: None,
+) -> list[Decoded]:
+    """The target's completion of each prompt (specq's batched engine, target-only, each request's own
+    sampling settings), in the prompts' order; with `top_k` > 0, with the target's `top_k` likeliest
+    tokens at each position (the engine's logprobs, read as it verifies: no extra forward)."""
+    from specq.decoding.config import DecodingConfig
+    from specq.decoding.engine import SpeculativeEngine
+
+    engine = SpeculativeEngine(target, tokenizer, None, DecodingConfig(batch_size=batch_size))
+    requests = [
+        GenerationRequest(i, p.request.prompt_token_ids, replace(p.request.params, logprobs=top_k or None))
+        for i, p in enumerate(prompts)
+    ]
+    decoded: dict[int, Decoded] = {}
+    for result in engine.generate(requests):
+        if result.error is not None:
+            raise SpecqError(f"the target failed on line {prompts[result.key].line}: {result.error}")
+        decoded[result.key] = _decoded(requests[result.key].prompt_token_ids, result, top_k)
+        on_progress(len(decoded), len(requests), engine.stats)
+    return [decoded[i] for i in range(len(requests))]
+
+
+def _decoded(prompt: tuple[int, ...], result: GenerationResult, top_k: int) -> Decoded:
+    if not top_k:
+        return Decoded(prompt, tuple(result.token_ids))
+    assert result.logprobs is not None and len(result.logprobs) == len(result.token_ids)
+    ids, values = [], []
+    for entry in result.logprobs:
+        pairs = {token_id: logprob for token_id, _, logprob in entry.top[:top_k]}
+        pairs.setdefault(entry.token_id, entry.logprob)
+        padding = top_k + 1 - len(pairs)
+        ids.append((*pairs, *[0] * padding))
+        values.append((*pairs.values(), *[-math.inf] * padding))
+    return Decoded(prompt, tuple(result.token_ids), tuple(ids), tuple(values))
+
+
+def save_sequences(path: Path, sequences: Sequence[Decoded]) -> None:
+    """Written whole, then renamed into place: a file that is there is complete."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as out:
+        for sequence in sequences:
+            out.write(json.dumps(asdict(sequence)) + "\n")  # -inf as -Infinity, which json reads back
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
+def load_sequences(path: Path) -> list[Decoded]:
+    with open(path, encoding="utf-8") as lines:
+        return [_from_row(row) for row in map(json.loads, lines)]
+
+
+def _from_row(row: dict[str, Any]) -> Decoded:
+    def rows(values: list[list[Any]] | None) -> tuple[tuple[Any, ...], ...] | None:
+        return None if values is None else tuple(map(tuple, values))
+
+    return Decoded(tuple(row["prompt"]), tuple(row["completion"]), rows(row["top_ids"]), rows(row["top_logprobs"]))

@@ -1,0 +1,80 @@
+"""The held-out measurement: the trained draft against target-only on prompts it never trained on,
+with `specq bench`'s own runner (bench/runner.py: warm-up passes, then timed passes taking turns, rates
+from the wall clock, greedy outputs compared token for token with target-only's).
+
+The draft is loaded from DIR exactly as `--draft DIR` loads it, so the measurement also proves the
+folder works."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from specq.distill.settings import DistillSettings
+
+# The numbers of each batch size's row that the command reports (bench/runner.py names them).
+REPORTED = (
+    "batch_size",
+    "acceptance_rate",
+    "spec_acceptance_rate",
+    "mean_acceptance_length",
+    "speedup_fixed",
+    "spec_over_target_only",
+    "target_only_tokens_per_s",
+    "spec_tokens_per_s",
+    "same_output",
+)
+
+
+def evaluate_draft(
+    settings: DistillSettings,
+    draft_dir: str,
+    prompts: Sequence[Sequence[int]],
+    progress: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """The draft in `draft_dir` with the target on the held-out `prompts` (token ids), at each of the
+    settings' evaluation batch sizes, greedy unless the settings sample: one row per batch size."""
+    from specq.bench.runner import BenchSettings, run_bench
+    from specq.models.loading import load_pair, resolve_device
+
+    pair = load_pair(settings.target, draft_dir, resolve_device(settings.device), settings.dtype)
+    bench = BenchSettings(
+        batch_sizes=settings.eval_batch_sizes,
+        num_prompts=len(prompts),
+        max_tokens=int(settings.sampling.get("max_tokens", 128)),
+        num_speculative_tokens=settings.num_speculative_tokens,
+        temperature=float(settings.sampling.get("temperature", 0.0)),
+        warmup=settings.eval_warmup,
+        seed=int(settings.sampling.get("seed", 0)),
+        hf_batched=False,
+        hf_assisted=False,
+    )
+    results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, bench, progress=progress)
+    return {
+        "prompts": len(prompts),
+        "max_tokens": bench.max_tokens,
+        "temperature": bench.temperature,
+        "num_speculative_tokens": bench.num_speculative_tokens,
+        "rows": [{name: row.get(name) for name in REPORTED} for row in results["rows"]],
+    }
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The held-out measurement as the command prints it, one line per batch size."""
+    how = "greedy" if report["temperature"] == 0 else f"T={report['temperature']:g}"
+    lines = []
+    for row in report["rows"]:
+        same = row["same_output"]
+        check = "" if same is None else ("; outputs identical to target-only" if same else "; OUTPUTS DIFFER")
+        lines.append(
+            f"held-out ({report['prompts']} prompts, {how}, K={report['num_speculative_tokens']}, batch "
+            f"{row['batch_size']}): acceptance {_number(row['acceptance_rate'])} (K fixed), "
+            f"{_number(row['spec_acceptance_rate'])} (adaptive); speed-up over target-only "
+            f"{_number(row['spec_over_target_only'], 'x')} (adaptive), {_number(row['speedup_fixed'], 'x')} (K fixed)"
+            f"{check}"
+        )
+    return lines
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.3f}{unit}" if not unit else f"{value:.2f}{unit}"

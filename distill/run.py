@@ -1,0 +1,156 @@
+"""`specq draft train`: the three phases in order, each picked up where an earlier try left it."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from specq.distill.settings import Budget, DistillSettings
+from specq.errors import BadInputError
+
+if TYPE_CHECKING:
+    from specq.decoding.stats import EngineStats
+    from specq.distill.trainer import TrainState
+    from specq.jobs.inputs import InputLimits
+
+log = logging.getLogger(__name__)
+
+
+class Progress(Protocol):
+    """What the command shows while it works (cli/draft.py draws it)."""
+
+    def say(self, message: str) -> None: ...  # a line on stderr
+
+    def decoding(self, done: int, total: int, stats: EngineStats) -> None: ...
+
+    def training(self, state: TrainState, budget: Budget) -> None: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    draft_dir: Path
+    resumed: bool
+    train_prompts: int
+    heldout_prompts: int
+    state: dict[str, Any]  # the last TrainState, as a dict
+    evaluation: dict[str, Any]  # evaluate.evaluate_draft's report
+
+
+def train_draft(
+    settings: DistillSettings,
+    output: Path,
+    progress: Progress,
+    *,
+    overwrite: bool = False,
+    limits: InputLimits | None = None,
+) -> Outcome:
+    """Validate the prompts, then decode, train and evaluate into `output` (distill/workdir.py)."""
+    from specq.distill.corpus import decode_with_target, load_sequences, prepare_prompts, save_sequences, split
+    from specq.distill.evaluate import evaluate_draft
+    from specq.distill.workdir import file_digest, open_workdir
+    from specq.jobs.chat_template import refuse_chat_without_template
+    from specq.jobs.input_source import readable_input
+    from specq.jobs.inputs import iter_request_specs, validate_file
+    from specq.models.loading import check_supported, has_chat_template, load_config, load_tokenizer
+
+    with readable_input(settings.data, limits) as source:
+        # the target's tokenizer and config first: a missing target costs seconds, and nothing is written
+        tokenizer = load_tokenizer(settings.target)
+        check_supported(settings.target, load_config(settings.target))
+        template_missing = functools.cache(lambda: not has_chat_template(tokenizer))
+        refuse = None if settings.chat_template else refuse_chat_without_template(settings.target, template_missing)
+        total = validate_file(source.path, limits, name=source.name, refuse=refuse)
+        if total < 2:
+            raise BadInputError([f"{source.name}: {total} prompts; at least 2 are needed, one of them held out"])
+        specs = iter_request_specs(source.path, limits, name=source.name)
+        prompts = prepare_prompts(specs, tokenizer, settings.sampling, settings.chat_template, source.name)
+        digest = file_digest(source.path)
+
+    train_ids, heldout_ids = split(len(prompts), settings.heldout_count(len(prompts)), settings.seed)
+    with open_workdir(output, settings.identity(), digest, overwrite) as workdir:
+        if workdir.resumed:
+            progress.say(f"resuming the unfinished run in {output} (phase: {workdir.phase})")
+        target = None
+        if workdir.phase == "decode" or (workdir.phase == "train" and not settings.teacher_top_k):
+            from specq.models.loading import load_model, resolve_device
+
+            target = load_model(settings.target, resolve_device(settings.device), settings.dtype)
+        if workdir.phase == "decode":
+            progress.say(f"the target decodes {len(train_ids)} training prompts ({len(heldout_ids)} held out)")
+            assert target is not None
+            sequences = decode_with_target(
+                target,
+                tokenizer,
+                [prompts[i] for i in train_ids],
+                settings.decode_batch_size,
+                top_k=settings.teacher_top_k,
+                on_progress=progress.decoding,
+            )
+            save_sequences(workdir.sequences, sequences)
+            workdir.advance("train", train_prompts=len(train_ids), heldout_prompts=len(heldout_ids))
+        if workdir.phase == "train":
+            if target is None:  # resumed: the draft is sized from the target's config and embedding alone
+                from specq.models.loading import load_model
+
+                target = load_model(settings.target, "cpu", "float32")
+            state = _train(settings, target, tokenizer, workdir, load_sequences(workdir.sequences), progress)
+            del target
+            workdir.advance("evaluate", training=state)
+        progress.say(f"measuring the draft against target-only on {len(heldout_ids)} held-out prompts")
+        evaluation = evaluate_draft(
+            settings, str(output), [prompts[i].request.prompt_token_ids for i in heldout_ids], progress.say
+        )
+        workdir.advance("done", evaluation=evaluation)
+        (workdir.work / "checkpoint.pt").unlink(missing_ok=True)
+        return Outcome(output, workdir.resumed, len(train_ids), len(heldout_ids), workdir.run["training"], evaluation)
+
+
+def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any, sequences: list, progress: Progress):
+    from specq.distill.sizing import build_draft
+    from specq.distill.trainer import StoredTeacher, Teacher, Trainer
+    from specq.models.loading import resolve_device
+
+    target.eval()
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    draft = build_draft(target, settings.shape, settings.seed).to(resolve_device(settings.device))
+    teacher = StoredTeacher() if settings.teacher_top_k else Teacher(target)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    trainer = Trainer(
+        draft,
+        teacher,
+        sequences,
+        settings.budget,
+        loss=settings.loss,
+        learning_rate=settings.learning_rate,
+        batch_size=settings.train_batch_size,
+        max_tokens=settings.max_train_tokens,
+        checkpoint_every=settings.checkpoint_every,
+        seed=settings.seed,
+        pad_id=int(pad),
+    )
+    config = draft.config
+    if trainer.restore(workdir.work):
+        progress.say(f"continuing from the checkpoint at step {trainer.state.step}")
+    progress.say(
+        f"training a {config.num_hidden_layers}-layer, {config.hidden_size}-wide draft "
+        f"({sum(p.numel() for p in draft.parameters()):,} parameters) on {len(sequences)} sequences "
+        f"for {settings.budget.describe()} ({settings.loss})"
+    )
+    state = trainer.run(workdir.work, on_step=lambda state: progress.training(state, settings.budget))
+    draft.eval()
+    from transformers.utils import logging as hf_logging
+
+    # transformers' own bar while it writes the weights would interleave with the command's lines
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        draft.save_pretrained(workdir.root)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(workdir.root)
+    return dict(vars(state))

@@ -1,0 +1,117 @@
+"""What a `specq draft train` run is told: one frozen dataclass, stored in the work state so that a resumed
+run can tell whether it is still the same run."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from specq.durations import parse_duration
+
+Loss = Literal["fkl", "tvd"]
+LOSSES: tuple[Loss, ...] = ("fkl", "tvd")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much training: `tokens` (positions whose target distribution the draft is trained on) or
+    `seconds` of training wall time (the target's decoding not counted); exactly one is set."""
+
+    tokens: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tokens is None) == (self.seconds is None):
+            raise ValueError("a budget is tokens or seconds, exactly one")
+        if (self.tokens is not None and self.tokens < 1) or (self.seconds is not None and self.seconds <= 0):
+            raise ValueError("a budget must be positive")
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        """`200000` or `200k` or `2M` (tokens, optionally followed by `tokens`), or a duration (`90s`, `30m`,
+        `1h`: training time); ValueError with a sentence otherwise."""
+        value = str(text).strip()
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKM]?)\s*(?:tokens?)?", value)
+        if match:
+            tokens = float(match.group(1)) * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6}[match.group(2)]
+            if tokens >= 1:
+                return cls(tokens=int(tokens))
+        try:
+            return cls(seconds=parse_duration(value).total_seconds())
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is not a budget: give training tokens (e.g. 200000, 200k, 2M) or a duration "
+                "(e.g. 90s, 30m, 1h)"
+            ) from None
+
+    def describe(self) -> str:
+        return f"{self.tokens} tokens" if self.tokens is not None else f"{self.seconds:g}s of training"
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """The draft's size; None: chosen from the target (distill/sizing.py)."""
+
+    layers: int | None = None
+    hidden: int | None = None
+    intermediate: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value is not None and value < 1:
+                raise ValueError(f"the draft's {name} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    target: str
+    data: str  # the prompts file, as the user named it
+    sampling: dict[str, Any] = field(default_factory=dict)  # job-wide SamplingParams fields of the target's decode
+    chat_template: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    decode_batch_size: int = 8
+    budget: Budget = Budget(tokens=200_000)
+    shape: DraftShape = DraftShape()
+    loss: Loss = "fkl"
+    # the target's likeliest tokens a position that the decode keeps to train on (no target forward while
+    # training); 0: the target's whole distribution, recomputed by a forward each step
+    teacher_top_k: int = 20
+    learning_rate: float = 1e-3  # AdamW, peak (distill/trainer.py's schedule)
+    train_batch_size: int = 8  # sequences a step
+    max_train_tokens: int = 1024  # longer sequences keep their last tokens
+    checkpoint_every: int = 50  # steps between checkpoints
+    heldout: int | None = None  # held-out prompts; None: a tenth of them, 1 to 32
+    seed: int = 0  # the split, the draft's init and the order of the batches
+    eval_batch_sizes: tuple[int, ...] = (1,)
+    num_speculative_tokens: int = 4  # K of the held-out measurement
+    eval_warmup: int = 1  # untimed passes of each contender before its timed one, as `specq bench`
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        for name in ("decode_batch_size", "train_batch_size", "max_train_tokens", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.teacher_top_k <= 20:  # the engine's logprobs give 20 alternatives at most
+            raise ValueError(f"teacher_top_k must be in [0, 20], got {self.teacher_top_k}")
+        if self.heldout is not None and self.heldout < 1:
+            raise ValueError(f"heldout must be >= 1, got {self.heldout}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+        if not self.eval_batch_sizes or min(self.eval_batch_sizes) < 1:
+            raise ValueError(f"eval batch sizes must be >= 1, got {self.eval_batch_sizes}")
+
+    def heldout_count(self, prompts: int) -> int:
+        """Prompts kept out of training: `heldout`, else a tenth, 1 to 32; at least one is left to train on."""
+        wanted = self.heldout if self.heldout is not None else min(32, max(1, prompts // 10))
+        return min(wanted, prompts - 1)
+
+    def identity(self) -> dict[str, Any]:
+        """What must be the same for a run to resume another: everything that decides the weights. The
+        device, dtype and the evaluation's settings may change between tries."""
+        out = asdict(self)
+        for name in ("device", "dtype", "eval_batch_sizes", "num_speculative_tokens", "eval_warmup"):
+            out.pop(name)
+        return out
