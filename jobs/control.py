@@ -126,13 +126,15 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
             )
             # a failed request counted in `failed` and generated no tokens
             job.failed -= n_failed
-            if job.state in job_sources(JobState.QUEUED):
-                job.state, job.finished_at = JobState.QUEUED, None
-        job.enqueued_at = utcnow() if enqueued else None
         size = job.settings["chunk_size"]
         firsts = session.scalars(
             select(Request.seq // size).where(Request.job_id == job_id, Request.state == RequestState.QUEUED).distinct()
         ).all()
+        # queued requests under an ended job (a sweeper of an older version requeued them under a cancelled
+        # job) run again with it too
+        if firsts and job.state in job_sources(JobState.QUEUED):
+            job.state, job.finished_at = JobState.QUEUED, None
+        job.enqueued_at = utcnow() if enqueued else None
         chunks = [(job_id, int(i) * size, min((int(i) + 1) * size, job.total)) for i in sorted(firsts)]
         return RetryOutcome(previous, job.state, dict(requeued), chunks, job.settings.get("device"))
 

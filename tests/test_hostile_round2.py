@@ -1,0 +1,130 @@
+"""Hostile input and faults, second round (issue 36), on the real services with real workers.
+
+1. A chat template is rendered at submit, in a sandboxed child under a time, memory and output bound:
+   one that loops for ever or allocates gigabytes is a bad line (exit 2, nothing stored); a job stored
+   before (its chat lines not rendered) is rendered by the worker under the same bounds, and neither
+   wedges it nor starves the plain request beside it.
+2. A cancelled job whose worker dies ends with its requests cancelled (the sweeper does not queue them
+   again), and `retry` runs them.
+3. Credential masking is linear in its input.
+4. Retention deletes nothing in flight, and has a floor.
+5. Export notices its job deleted while it streams.
+6. A partly run `n` line exports its completed choices, in every format and filter alike.
+7. `--chat-template` is bounded in size and stored nowhere.
+8. The small ones.
+
+Every wait is bounded; no verdict depends on the machine's speed (the time bounds are on loops that
+never end, or generous by orders of magnitude).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from sqlalchemy import select, update
+
+from specq.db.models import Job, Request
+from specq.db.session import open_database
+from tests.fleet_helpers import DRILL_ENV, wait_for
+from tests.services import (
+    count_rows,
+    invoke,
+    job_status,
+    request_states,
+    services_env,
+    submit_job,
+    wait_state,
+    write_requests,
+)
+
+HANG = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+HOG = "{{ ('x' * 10**10)|length }}"
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+PLAIN = {"id": "plain", "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0}
+
+
+# -- 1. chat templates ----------------------------------------------------------------------------------
+def test_a_template_that_hangs_or_hogs_is_a_bad_line_at_submit(pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
+    env = services_env(pg_db_url, redis_url, tmp_path / "home", SPECQ_CHAT_TEMPLATE_SECONDS="2")
+    path = write_requests(tmp_path / "in.jsonl", [PLAIN, {"id": "c1", **CHAT}, {"id": "c2", **CHAT}])
+    for template, why in ((HANG, "took longer than 2s"), (HOG, "needs more than 1024 MiB of memory")):
+        (tmp_path / "t.jinja").write_text(template)
+        started = time.monotonic()
+        result = invoke(["submit", path, "--target", tiny_pair[0], "--chat-template", str(tmp_path / "t.jinja")], env)
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.splitlines()
+        assert [line.split(": ", 1)[0] for line in lines[:2]] == [f"{path}:2", f"{path}:3"], result.stderr
+        assert all(why in line for line in lines[:2]), result.stderr
+        assert time.monotonic() - started < 120  # bounded: each line is cut at 2 s (it would never end)
+        assert count_rows(pg_db_url, Job) == 0 and count_rows(pg_db_url, Request) == 0
+
+
+def test_a_worker_renders_an_old_jobs_chat_lines_under_the_bounds(
+    pg_db_url, redis_url, tiny_pair, tmp_path, start_worker
+) -> None:
+    """A job stored before chat lines were rendered at submit (its rows hold messages and no token ids,
+    its settings the template): the worker renders under the bounds. Before, it spun for ever with its
+    leases renewed, the plain request of the same chunk starved, and the next worker hung the same way."""
+    env = services_env(pg_db_url, redis_url, tmp_path / "home", SPECQ_CHAT_TEMPLATE_SECONDS="2", **DRILL_ENV)
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "chat", **CHAT}, PLAIN])
+    job_id = submit_job(env, path, "--target", tiny_pair[0], "--max-attempts", "1")
+    db = open_database(pg_db_url)
+    with db.session() as session:  # as an older version stored it
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.settings = {**job.settings, "chat_template": HANG}
+        session.execute(update(Request).where(Request.job_id == job_id).values(prompt_token_ids=None))
+    start_worker(env)
+    info = wait_state(env, job_id, {"completed", "failed", "cancelled"}, timeout=120)
+    assert (info["state"], info["completed"], info["failed"]) == ("completed", 1, 1), info
+    exported = tmp_path / "out.jsonl"
+    assert invoke(["export", job_id, "-o", str(exported), "--format", "jsonl"], env).exit_code == 0
+    rows = {r["id"]: r for r in map(json.loads, exported.read_text().splitlines())}
+    assert "took longer than 2s" in rows["chat"]["error"], rows["chat"]
+    assert rows["plain"]["finish_reason"] in {"stop", "length"}
+    with db.session() as session:  # counted started before any work on it
+        starts = session.scalar(select(Request.starts).where(Request.job_id == job_id, Request.custom_id == "chat"))
+        assert starts == 1
+
+
+# -- 2. a cancelled job whose worker dies ---------------------------------------------------------------
+def test_a_cancelled_jobs_dead_worker_leaves_its_requests_cancelled(
+    pg_db_url, redis_url, tiny_pair, tmp_path, start_worker
+) -> None:
+    env = services_env(pg_db_url, redis_url, tmp_path / "home", **DRILL_ENV)
+    lines = [{"id": f"r{i}", "prompt": f"def f{i}(x):", "max_tokens": 48, "temperature": 0} for i in range(40)]
+    path = write_requests(tmp_path / "in.jsonl", lines)
+    job_id = submit_job(env, path, "--target", tiny_pair[0], "--batch-size", "1")
+    db = open_database(pg_db_url)
+
+    def running() -> int:
+        with db.session() as session:
+            return request_states(session, job_id).get("running", 0)
+
+    first = start_worker(env)
+    wait_for(running, 60, "the worker to claim a chunk", poll=0.05)
+    os.kill(first.proc.pid, signal.SIGSTOP)  # it holds its claims, and renews them no more
+    try:
+        assert invoke(["cancel", job_id], env).exit_code == 0
+    finally:
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+    start_worker(env)  # its sweeper finds the dead worker's leases expired
+
+    def settled() -> dict[str, int] | None:
+        with db.session() as session:
+            states = request_states(session, job_id)
+        return None if "running" in states else states
+
+    states = wait_for(settled, 60, "the sweeper to settle the dead worker's requests", poll=0.2)
+    assert set(states) <= {"cancelled", "completed"}, states  # before: queued under a cancelled job, for ever
+    assert job_status(env, job_id)["state"] == "cancelled"
+
+    result = invoke(["retry", job_id], env)
+    assert result.exit_code == 0, result.output
+    assert f"{states['cancelled']} requests requeued ({states['cancelled']} cancelled)" in result.stderr, result.output
+    info = wait_state(env, job_id, {"completed", "failed", "cancelled"}, timeout=180)
+    assert (info["state"], info["completed"], info["failed"]) == ("completed", 40, 0), info
