@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from sqlalchemy import select, update
@@ -128,3 +130,41 @@ def test_a_cancelled_jobs_dead_worker_leaves_its_requests_cancelled(
     assert f"{states['cancelled']} requests requeued ({states['cancelled']} cancelled)" in result.stderr, result.output
     info = wait_state(env, job_id, {"completed", "failed", "cancelled"}, timeout=180)
     assert (info["state"], info["completed"], info["failed"]) == ("completed", 40, 0), info
+
+
+# -- 3. credential masking is linear ---------------------------------------------------------------------
+ADVERSARIAL = {  # 1 MB each: shapes that made the userinfo pattern backtrack from every character
+    "letters": "a" * (1 << 20),
+    "a scheme at the end": "a" * (1 << 20) + "://",
+    "a long user": "redis://" + "u" * (1 << 20) + ":",
+    "a long password": "redis://u:" + "c" * (1 << 20),
+    "secret names": "password" * (1 << 17),
+    "scheme characters": "a.-+" * (1 << 18),
+    "schemes": "a://a:" * (1 << 17),
+}
+
+
+def test_masking_is_linear_on_adversarial_text() -> None:
+    """Each 1 MB text is masked in a child allowed 5 s of CPU time (it takes well under one; before, the
+    quadratic pattern needed hours): CPU time, so a busy machine does not change the verdict."""
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_CPU, (5, 5))\n"
+        "from specq.masking import mask_text\n"
+        "mask_text(sys.stdin.read())\n"
+    )
+    for shape, text in ADVERSARIAL.items():
+        done = subprocess.run([sys.executable, "-c", code], input=text, text=True, capture_output=True, timeout=300)
+        assert done.returncode == 0, f"{shape}: {done.returncode} {done.stderr[-500:]}"
+
+
+def test_masking_still_finds_credentials_after_any_prefix() -> None:
+    from specq.masking import mask_text
+
+    for text, masked in (
+        ("1redis://u:secret@h/0", "1redis://u:***@h/0"),
+        ("x_postgresql://a:b@h", "x_postgresql://a:***@h"),
+        ("see postgresql+psycopg://user:p@ss@w@host/db ok", "see postgresql+psycopg://user:***@host/db ok"),
+        ("(redis://:pw@host:6379/0)", "(redis://:***@host:6379/0)"),
+    ):
+        assert mask_text(text) == masked
