@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import select, update
 
 from specq.db.models import Job, Request
@@ -168,3 +169,39 @@ def test_masking_still_finds_credentials_after_any_prefix() -> None:
         ("(redis://:pw@host:6379/0)", "(redis://:***@host:6379/0)"),
     ):
         assert mask_text(text) == masked
+
+
+# -- 4. retention ----------------------------------------------------------------------------------------
+def test_retention_deletes_nothing_in_flight_and_has_a_floor(
+    pg_db_url, redis_url, tiny_pair, tmp_path, monkeypatch
+) -> None:
+    """An expired job whose requests still run under a worker's live leases is kept (before: deleted,
+    and the worker's results were lost with an IntegrityError); it goes once they ended."""
+    from datetime import timedelta
+
+    from specq.db.types import utcnow
+    from specq.errors import ConfigError
+    from specq.jobs.retention import prune, retention_from_env
+    from specq.worker.claims import claim_chunk
+
+    env = services_env(pg_db_url, redis_url, tmp_path / "home")
+    lines = [{"id": f"r{i}", "prompt": "x", "max_tokens": 2} for i in range(4)]
+    job_id = submit_job(env, write_requests(tmp_path / "in.jsonl", lines), "--target", tiny_pair[0])
+    db = open_database(pg_db_url)
+    with db.session() as session:  # a worker holds them (the claim workers make), and the job expires
+        assert len(claim_chunk(session, job_id, 0, 4, "w1", lease_s=600)) == 4
+        session.execute(
+            update(Job).where(Job.id == job_id).values(state="expired", finished_at=utcnow() - timedelta(days=2))
+        )
+    assert prune(db, timedelta(days=1)) == (0, 0)
+    assert count_rows(pg_db_url, Job) == 1
+    with db.session() as session:  # the worker ended them (or its leases ran out)
+        session.execute(update(Request).where(Request.job_id == job_id).values(state="expired", lease_owner=None))
+    assert prune(db, timedelta(days=1)) == (1, 0)
+    assert count_rows(pg_db_url, Job) == 0
+
+    monkeypatch.setenv("SPECQ_RETENTION", "1s")
+    with pytest.raises(ConfigError, match="under the floor of 1h"):
+        retention_from_env()
+    monkeypatch.setenv("SPECQ_RETENTION_BELOW_FLOOR", "1")
+    assert retention_from_env() == timedelta(seconds=1)
