@@ -205,3 +205,40 @@ def test_retention_deletes_nothing_in_flight_and_has_a_floor(
         retention_from_env()
     monkeypatch.setenv("SPECQ_RETENTION_BELOW_FLOOR", "1")
     assert retention_from_env() == timedelta(seconds=1)
+
+
+# -- 5. export of a job deleted while it streams ---------------------------------------------------------
+def test_export_fails_when_its_job_is_deleted_while_it_streams(
+    pg_db_url, redis_url, tiny_pair, tmp_path, monkeypatch
+) -> None:
+    """The job is deleted (as `specq delete` does) right after export read its first page: before, it
+    wrote the rows it had read and said so, exit 0; now it fails and the file is left as it was."""
+    import specq.jobs.export
+    from specq.errors import SpecqError
+    from specq.jobs.control import delete_job
+    from specq.jobs.export import export_job
+
+    monkeypatch.setattr(specq.jobs.export, "PAGE", 10)
+    env = services_env(pg_db_url, redis_url, tmp_path / "home")
+    lines = [{"id": f"r{i}", "prompt": "x", "max_tokens": 2} for i in range(25)]
+    job_id = submit_job(env, write_requests(tmp_path / "in.jsonl", lines), "--target", tiny_pair[0])
+    assert invoke(["cancel", job_id], env).exit_code == 0
+    db = open_database(pg_db_url)
+    reads = []
+
+    def deleting_after_the_first_page(read):
+        if len(reads) == 2:  # the job, then a page: now it is deleted
+            delete_job(db, job_id)
+        reads.append(1)
+        return read()
+
+    out = tmp_path / "out.jsonl"
+    out.write_text("the previous export\n")
+    for fmt in ("jsonl", "csv", "openai"):
+        reads.clear()
+        if not count_rows(pg_db_url, Job):
+            job_id = submit_job(env, write_requests(tmp_path / "in.jsonl", lines), "--target", tiny_pair[0])
+            assert invoke(["cancel", job_id], env).exit_code == 0
+        with pytest.raises(SpecqError, match=f"job {job_id} was deleted while it was exported \\(10 of its 25"):
+            export_job(db, job_id, str(out), fmt, patient=deleting_after_the_first_page)
+        assert out.read_text() == "the previous export\n"
