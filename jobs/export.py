@@ -213,6 +213,7 @@ def export_job(
                     created=max((row.created for row in choices if row.created is not None), default=None),
                     state=choices[0].state,
                     more=[row.result for row in choices[1:]],
+                    more_states=[row.state for row in choices[1:]],
                 )
                 for choices in lines
             ),

@@ -242,3 +242,53 @@ def test_export_fails_when_its_job_is_deleted_while_it_streams(
         with pytest.raises(SpecqError, match=f"job {job_id} was deleted while it was exported \\(10 of its 25"):
             export_job(db, job_id, str(out), fmt, patient=deleting_after_the_first_page)
         assert out.read_text() == "the previous export\n"
+
+
+# -- 6. a partly run `n` line ----------------------------------------------------------------------------
+def test_a_partly_run_n_line_exports_its_completed_choices_everywhere_alike(
+    pg_db_url, redis_url, tiny_pair, tmp_path
+) -> None:
+    """A line of n = 4 cancelled after 2 choices: OpenAI output keeps the 2 (indexes 0 and 1) with an
+    error saying 2 were cut; it is an error line for every format and filter (before: `not_run
+    (completed)`, its completions in no OpenAI file)."""
+    import csv
+
+    from specq.decoding.types import GenerationResult
+    from specq.worker.claims import claim_chunk
+    from specq.worker.results import store_results
+
+    env = services_env(pg_db_url, redis_url, tmp_path / "home")
+    lines = [{"id": "many", "prompt": "x", "max_tokens": 2, "n": 4}, {"id": "one", "prompt": "y", "max_tokens": 2}]
+    job_id = submit_job(env, write_requests(tmp_path / "in.jsonl", lines), "--target", tiny_pair[0])
+    db = open_database(pg_db_url)
+    with db.session() as session:  # a worker ran choices 0 and 1 of `many`, then the job was cancelled
+        held = claim_chunk(session, job_id, 0, 2, "w1", lease_s=600)
+        results = [GenerationResult(c.id, [5, 6], "ab", "length", 1, 2) for c in held]
+        store_results(session, job_id, results, "w1")
+    assert invoke(["cancel", job_id], env).exit_code == 0
+
+    def export(fmt: str, *only: str) -> list:
+        out = tmp_path / f"out.{fmt}"
+        result = invoke(["export", job_id, "-o", str(out), "--format", fmt, *only], env)
+        assert result.exit_code == 0, result.output
+        if fmt == "csv":
+            with out.open(newline="", encoding="utf-8") as f:
+                return list(csv.DictReader(f))
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    (many, one) = export("openai")
+    assert [c["index"] for c in many["response"]["body"]["choices"]] == [0, 1]
+    assert many["response"]["body"]["usage"]["completion_tokens"] == 4
+    assert many["error"] == {
+        "code": "batch_cancelled",
+        "message": "2 of 4 choices did not complete; the first did not run (cancelled)",
+    }
+    assert one["response"] is None and one["error"]["code"] == "batch_cancelled"
+    assert export("openai", "--completed-only") == []
+    assert [r["custom_id"] for r in export("openai", "--errors-only")] == ["many", "one"]
+    for fmt in ("jsonl", "csv"):  # a row a choice: the 2 completions, and 2 choices that did not run
+        rows = export(fmt)
+        assert [(r["id"], str(r.get("choice", ""))) for r in rows[:4]] == [("many", str(i)) for i in range(4)]
+        assert [r["completion"] or "" for r in rows[:4]] == ["ab", "ab", "", ""]
+        assert export(fmt, "--completed-only") == []
+        assert len(export(fmt, "--errors-only")) == 5
