@@ -292,3 +292,31 @@ def test_a_partly_run_n_line_exports_its_completed_choices_everywhere_alike(
         assert [r["completion"] or "" for r in rows[:4]] == ["ab", "ab", "", ""]
         assert export(fmt, "--completed-only") == []
         assert len(export(fmt, "--errors-only")) == 5
+
+
+# -- 7. template size ------------------------------------------------------------------------------------
+def test_a_chat_template_is_bounded_in_size_and_read_once(tiny_pair, tmp_path) -> None:
+    """/dev/zero is refused at once (before: read for ever, filling the memory); a template over
+    256 KiB too. The child may hold 2 GiB, so the old endless read fails instead of swapping."""
+    import resource
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "c", **CHAT}])
+    big = tmp_path / "big.jinja"
+    big.write_text("{# " + "x" * (256 << 10) + " #}{{ messages[0].content }}")
+    env = {**os.environ, "SPECQ_HOME": str(tmp_path / "home")}
+    for template in ("/dev/zero", str(big)):
+        args = ["run", path, "-o", str(tmp_path / "out.jsonl"), "--target", tiny_pair[0], "--chat-template", template]
+        done = subprocess.run(
+            [sys.executable, "-P", "-m", "specq", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=capped,
+        )
+        assert done.returncode == 2, done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.endswith(f"--chat-template {template}: larger than 256 KiB (the limit)"), done.stderr
