@@ -615,7 +615,7 @@ class SpeculativeEngine:
             first = batch.slots[row]
             assert first is not None
             first.first_token_at = now
-        finished: dict[int, tuple[str, list[int] | None]] = {}
+        finished: dict[int, tuple[str, list[int] | None, str | None]] = {}  # reason, tokens, text
         # Only rows that ended or watch for stop strings need the host; the rest stay vectorised.
         for row in live[(finish[live] != RUNNING) | batch.has_stops_h[live]]:
             slot = batch.slots[row]
@@ -623,10 +623,10 @@ class SpeculativeEngine:
             if slot.stops is not None:
                 cut = slot.stops.feed(report.output_ids[row, : kept[row]].tolist())
                 if cut is not None:
-                    finished[int(row)] = ("stop", cut)
+                    finished[int(row)] = ("stop", cut, slot.stops.cut_text)
                     continue
             if finish[row] != RUNNING:
-                finished[int(row)] = ("stop" if finish[row] == FINISHED_STOP else "length", None)
+                finished[int(row)] = ("stop" if finish[row] == FINISHED_STOP else "length", None, None)
         if not finished:
             return
         rows = sorted(finished)
@@ -634,7 +634,7 @@ class SpeculativeEngine:
         for row, sequence in zip(rows, sequences, strict=True):
             slot = batch.slots[row]
             assert slot is not None
-            reason, tokens = finished[row]
+            reason, tokens, text = finished[row]
             start = int(batch.prompt_h[row])
             if tokens is None:
                 tokens = sequence[start : start + batch.generated_h[row]].tolist()
@@ -643,7 +643,7 @@ class SpeculativeEngine:
             yield GenerationResult(
                 key=slot.request.key,
                 token_ids=tokens,
-                text=decode(self.tokenizer, tokens),
+                text=decode(self.tokenizer, tokens) if text is None else text,
                 finish_reason=reason,  # type: ignore[arg-type]
                 prompt_tokens=int(batch.prompt_h[row]),
                 completion_tokens=len(tokens),
