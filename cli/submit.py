@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,9 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
                 f"{key!r}: keys are {METADATA_KEY_CHARS} characters at most, values {METADATA_VALUE_CHARS}",
                 param_hint="'--metadata'",
             )
+        if any(unicodedata.category(c) == "Cc" for c in pair):  # a newline forges a line of `status`,
+            # an escape sequence drives the terminal that shows it
+            raise click.BadParameter(f"{pair!r} holds a control character", param_hint="'--metadata'")
         if key in found:
             raise click.BadParameter(f"{key!r} is given twice", param_hint="'--metadata'")
         found[key] = value
