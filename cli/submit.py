@@ -56,6 +56,18 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
+WINDOW_CHARS = 16  # as stored with the job
+
+
+def _window(value: str | None, param: click.Parameter, ctx: click.Context) -> tuple[str, timedelta] | None:
+    """--completion-window as given (stored so) and as a span."""
+    if value is None:
+        return None
+    if len(value) > WINDOW_CHARS:
+        raise click.BadParameter(f"{value!r} is longer than {WINDOW_CHARS} characters; write it shorter, e.g. 24h")
+    return value, Duration().convert(value, param, ctx)
+
+
 def _summary(status: dict[str, Any]) -> None:
     click.echo(
         f"job {status['id']} {status['state']}: {status['completed']} completed, {status['failed']} failed "
@@ -92,7 +104,7 @@ def _summary(status: dict[str, Any]) -> None:
 @click.option(
     "--completion-window",
     type=str,
-    callback=lambda ctx, param, value: None if value is None else (value, Duration().convert(value, param, ctx)),
+    callback=lambda ctx, param, value: _window(value, param, ctx),
     help="Requests not started within this span of the submit (e.g. 24h, 30m, 7d) expire, and so does the job "
     "(OpenAI Batch's completion_window). [default: none]",
 )

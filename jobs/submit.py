@@ -172,7 +172,7 @@ def _store_job(
             state=JobState.QUEUED,
             target=spec.target,
             draft=spec.draft,
-            input_name=name,
+            input_name=name.encode("utf-8", "backslashreplace").decode(),  # a path need not be UTF-8
             served_model_name=spec.served_model_name,
             user_metadata=spec.metadata or None,
             completion_window=spec.completion_window,

@@ -243,7 +243,7 @@ class _Writer:
 
     def __init__(self, ctx: WorkerContext, job: Job) -> None:
         self.ctx, self.job_id = ctx, job.id
-        self.model = served_model_name(job.target, job.settings)  # the metrics' model_name
+        self.model = served_model_name(job.target, job.served_model_name)  # the metrics' model_name
         self.enqueued_at = job.enqueued_at or job.created_at
         self.buffer: list[GenerationResult] = []
         self.last_flush = time.monotonic()
