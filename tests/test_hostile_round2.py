@@ -320,3 +320,93 @@ def test_a_chat_template_is_bounded_in_size_and_read_once(tiny_pair, tmp_path) -
         assert done.returncode == 2, done.stderr[-2000:]
         last = done.stderr.strip().splitlines()[-1]
         assert last.endswith(f"--chat-template {template}: larger than 256 KiB (the limit)"), done.stderr
+
+
+# -- 8. the small ones -----------------------------------------------------------------------------------
+def test_a_password_query_in_the_broker_url_is_accepted_or_refused_in_one_line(tmp_path) -> None:
+    from specq.errors import ConfigError
+    from specq.jobs.services import broker_url
+
+    assert broker_url("redis://h:6379/0?password=s%40cret&db=1") == "redis://:s%40cret@h:6379/0?db=1"
+    assert broker_url("redis://user@h/0?password=x") == "redis://user:x@h/0"
+    with pytest.raises(ConfigError) as given_twice:
+        broker_url("redis://:first@h/0?password=second")
+    assert "first" not in str(given_twice.value) and "second" not in str(given_twice.value)
+    env = {**os.environ, "SPECQ_HOME": str(tmp_path / "home"), "SPECQ_DATABASE_URL": f"sqlite:///{tmp_path}/s.db"}
+    url = "redis://:first@127.0.0.1:1/0?password=second"
+    for command in (["worker", "--broker-url", url], ["autoscale", "--max", "1", "--broker-url", url]):
+        done = subprocess.run([sys.executable, "-P", "-m", "specq", *command], env=env, capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr and "first" not in done.stderr and "second" not in done.stderr
+
+
+def test_metadata_with_control_characters_is_refused(pg_db_url, tiny_pair, tmp_path) -> None:
+    env = services_env(pg_db_url, None, tmp_path / "home")
+    path = write_requests(tmp_path / "in.jsonl", [PLAIN])
+    for pair in ("note=x\nstate  completed", "note=\x1b[31mred", "k\x07=v"):
+        result = invoke(["submit", path, "--target", tiny_pair[0], "--metadata", pair], env)
+        assert result.exit_code == 2 and "holds a control character" in result.stderr, result.output
+    assert count_rows(pg_db_url, Job) == 0
+
+
+def test_closed_and_full_standard_streams_are_one_line(tiny_pair, tmp_path) -> None:
+    env = {**os.environ, "SPECQ_HOME": str(tmp_path / "home"), "SPECQ_DATABASE_URL": f"sqlite:///{tmp_path}/s.db"}
+    path = write_requests(tmp_path / "in.jsonl", [PLAIN])
+    base = [sys.executable, "-P", "-m", "specq"]
+    cases = [  # (args, stdin, stdout, exit code, the error line)
+        (["submit", "-"], None, subprocess.PIPE, 2, "<stdin>: standard input is closed"),
+        (["run", "-", "-o", str(tmp_path / "o.jsonl")], None, subprocess.PIPE, 2, "<stdin>: standard input is closed"),
+        (["run", path, "-o", "-"], subprocess.DEVNULL, None, 2, "cannot write to standard output: it is closed"),
+        (["run", path, "-o", "-"], subprocess.DEVNULL, "/dev/full", 1, "cannot write standard output: No space left"),
+    ]
+    for args, stdin, stdout, code, error in cases:
+        out = open(stdout, "w") if stdout == "/dev/full" else stdout  # noqa: SIM115
+        done = subprocess.run(
+            [*base, *args, "--target", tiny_pair[0]],
+            env=env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            close_fds=True,
+            stdin=stdin,
+            preexec_fn=_closing(0 if stdin is None else 1 if stdout is None else None),
+        )
+        if stdout == "/dev/full":
+            out.close()
+        assert done.returncode == code, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr and error in done.stderr, done.stderr[-2000:]
+
+
+def _closing(fd):
+    """A preexec_fn that closes `fd` in the child (None: nothing), as `<&-` and `>&-` do."""
+
+    def close() -> None:
+        if fd is not None:
+            os.close(fd)
+
+    return close
+
+
+def test_odd_values_are_one_line(pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
+    env = services_env(pg_db_url, redis_url, tmp_path / "home")
+    path = write_requests(tmp_path / "in.jsonl", [PLAIN])
+    odd_path = tmp_path / os.fsdecode(b"\xff.jsonl")
+    odd_path.write_text(json.dumps(PLAIN) + "\n")
+    assert submit_job(env, str(odd_path), "--target", tiny_pair[0])  # stored under a printable name
+    for args, error in (
+        (["submit", path, "--served-model-name", os.fsdecode(b"\xff")], "--served-model-name must be printable"),
+        (["submit", path, "--completion-window", "1.00000000000000000h"], "is longer than 16 characters"),
+        (["status", "--limit", str(2**63)], "--limit"),
+    ):
+        result = invoke([*args, "--target", tiny_pair[0]] if args[0] == "submit" else args, env)
+        assert result.exit_code == 2 and error in result.stderr, result.output
+
+
+def test_worker_metrics_report_the_served_model_name() -> None:
+    from specq.db.models import Job as JobRow
+    from specq.worker.chunk import _Writer
+
+    job = JobRow(id="j", target="/some/folder/target", settings={}, served_model_name="svc", created_at=None)
+    assert _Writer(None, job).model == "svc"  # type: ignore[arg-type]
+    assert _Writer(None, JobRow(id="j", target="/some/folder/target", settings={})).model == "target"  # type: ignore[arg-type]
