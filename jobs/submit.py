@@ -34,7 +34,7 @@ from sqlalchemy.exc import OperationalError
 
 from specq.db.migrate import open_migrated
 from specq.db.models import Job
-from specq.db.session import Database
+from specq.db.session import Database, identity
 from specq.db.states import JobState
 from specq.db.types import utcnow
 from specq.errors import BadInputError, ServiceUnavailableError
@@ -125,7 +125,7 @@ def submit_job(
     chunks = list(job_chunks(job_id, total, chunk_size))
     if broker is not None:
         try:
-            enqueue_chunks(broker, chunks)
+            enqueue_chunks(broker, chunks, identity(db))
         except Exception:
             with db.session() as session:
                 session.execute(delete(Job).where(Job.id == job_id))

@@ -351,6 +351,112 @@ ROWS: tuple[Row, ...] = (
         NONE_LOST,
         ("tests/test_fleet_operable.py::test_misconfigured_workers_fail_nothing_and_the_good_one_is_seen",),
     ),
+    # -- hostile input and faults, second round (issue 36) ------------------------------------------------------
+    Row(
+        "input",
+        "a chat template that loops 10^10 times, or builds a 10 GB string (`--chat-template`, 2 chat lines)",
+        "`INPUT:LINE:` error each (past its time bound, over 1 GiB), exit 2, the submit bounded; no worker renders",
+        NOTHING,
+        ("tests/test_hostile_round2.py::test_a_template_that_hangs_or_hogs_is_a_bad_line_at_submit",),
+    ),
+    Row(
+        "fault",
+        "an older job's chat line (not rendered at submit) whose template never ends, under a real worker",
+        "counted started, then failed at the time bound with the reason; the plain request of its chunk completes",
+        "0 / 0 / 1 (the chat line)",
+        ("tests/test_hostile_round2.py::test_a_worker_renders_an_old_jobs_chat_lines_under_the_bounds",),
+    ),
+    Row(
+        "race",
+        "a cancelled job's worker frozen (SIGSTOP) with its 40 requests claimed, killed, another worker started",
+        "its sweeper ends them cancelled, never queued under the cancelled job; `retry` runs them: 40 completed",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_a_cancelled_jobs_dead_worker_leaves_its_requests_cancelled",),
+    ),
+    Row(
+        "security",
+        "1 MB adversarial texts through credential masking (letter runs, schemes, long users and passwords)",
+        "each masked within 5 s of CPU (linear; it was quadratic: 18 s for 40 KB)",
+        NONE_LOST,
+        (
+            "tests/test_hostile_round2.py::test_masking_is_linear_on_adversarial_text",
+            "tests/test_hostile_round2.py::test_masking_still_finds_credentials_after_any_prefix",
+        ),
+    ),
+    Row(
+        "race",
+        "retention of an expired job whose requests run under live leases; `SPECQ_RETENTION=1s`",
+        "kept until they end, then deleted (the rule of `delete`); under 1 h refused unless said to be meant",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_retention_deletes_nothing_in_flight_and_has_a_floor",),
+    ),
+    Row(
+        "race",
+        "the job deleted while `export` streams it (csv, jsonl, openai)",
+        "export fails (exit 1) naming the job; the file left as it was",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_export_fails_when_its_job_is_deleted_while_it_streams",),
+    ),
+    Row(
+        "output",
+        "a line of `n` = 4 cancelled after 2 choices, in 3 formats with both filters",
+        "OpenAI: the 2 choices, and an error saying 2 were cut; an error line in every format and filter",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_a_partly_run_n_line_exports_its_completed_choices_everywhere_alike",),
+    ),
+    Row(
+        "output",
+        "a stop string that begins inside a token",
+        "the text cut where the stop string begins (as OpenAI and vLLM), that token kept",
+        NONE_LOST,
+        ("tests/test_stopping.py::test_a_stop_string_spanning_tokens_and_steps",),
+    ),
+    Row(
+        "input",
+        "`--chat-template /dev/zero`, a template over 256 KiB",
+        "one line, exit 2; nothing read past 256 KiB",
+        NOTHING,
+        ("tests/test_hostile_round2.py::test_a_chat_template_is_bounded_in_size_and_read_once",),
+    ),
+    Row(
+        "input",
+        "`?password=` in the broker URL, alone and beside a userinfo password",
+        "moved into the userinfo; given twice one line, exit 2; masked either way",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_a_password_query_in_the_broker_url_is_accepted_or_refused_in_one_line",),
+    ),
+    Row(
+        "input",
+        "`--metadata` with a newline (a forged `status` line), an escape sequence, a bell",
+        "refused, exit 2",
+        NOTHING,
+        ("tests/test_hostile_round2.py::test_metadata_with_control_characters_is_refused",),
+    ),
+    Row(
+        "input",
+        "stdin or stdout closed, /dev/full as stdout, a non-UTF-8 path or served name, a 20-character "
+        "completion window, `status --limit 2**63`",
+        "one line each, exit 2 (1 for the full device); a non-UTF-8 path is stored printable",
+        NOTHING,
+        (
+            "tests/test_hostile_round2.py::test_closed_and_full_standard_streams_are_one_line",
+            "tests/test_hostile_round2.py::test_odd_values_are_one_line",
+        ),
+    ),
+    Row(
+        "race",
+        "`retry` twice of a job whose chunks are queued",
+        "the second sends nothing again: one line, exit 2",
+        NONE_LOST,
+        ("tests/test_hostile.py::test_retry_right_after_cancel_says_what_it_did",),
+    ),
+    Row(
+        "output",
+        "worker metrics of a job submitted with `--served-model-name`",
+        "labelled with the served name (they showed the target's)",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_worker_metrics_report_the_served_model_name",),
+    ),
 )
 
 

@@ -410,3 +410,36 @@ def test_worker_metrics_report_the_served_model_name() -> None:
     job = JobRow(id="j", target="/some/folder/target", settings={}, served_model_name="svc", created_at=None)
     assert _Writer(None, job).model == "svc"  # type: ignore[arg-type]
     assert _Writer(None, JobRow(id="j", target="/some/folder/target", settings={})).model == "target"  # type: ignore[arg-type]
+
+
+def test_a_worker_on_another_database_gives_the_chunk_back(pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
+    """A worker pointed at the wrong database (it holds no such job) gives the chunk back and exits 4
+    saying why; before, it acknowledged and dropped it as a deleted job's. The right worker then runs it."""
+    import redis
+
+    from specq.db.migrate import open_migrated
+    from specq.queue import CHUNK_QUEUE_KEY
+    from tests.services import SpecqWorker, create_database, drop_database
+
+    other_name = f"specq_test_other_{os.getpid()}"
+    other_url = create_database(other_name)
+    try:
+        open_migrated(other_url)
+        env = services_env(pg_db_url, redis_url, tmp_path / "home", **DRILL_ENV)
+        job_id = submit_job(env, write_requests(tmp_path / "in.jsonl", [PLAIN]), "--target", tiny_pair[0])
+        wrong = SpecqWorker({**env, "SPECQ_DATABASE_URL": other_url}, tmp_path / "wrong.log")
+        try:
+            code = wrong.proc.wait(120)
+        finally:
+            wrong.stop()
+        assert code == 4, wrong.output()
+        assert f"job {job_id} is in another database than this worker's" in wrong.output()
+        assert redis.Redis.from_url(redis_url).llen(CHUNK_QUEUE_KEY) == 1  # given back
+        right = SpecqWorker(env, tmp_path / "right.log")
+        try:
+            info = wait_state(env, job_id, {"completed", "failed", "cancelled"}, timeout=120)
+        finally:
+            right.stop()
+        assert (info["state"], info["completed"]) == ("completed", 1), info
+    finally:
+        drop_database(other_name)

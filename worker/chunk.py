@@ -30,6 +30,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from specq.db.locks import lock_job
 from specq.db.models import Job, Worker
+from specq.db.session import identity
 from specq.db.states import NOT_CLAIMABLE, JobState, WorkerState
 from specq.db.types import utcnow
 from specq.decoding.config import DecodingConfig
@@ -461,7 +462,7 @@ def _give_back(ctx: WorkerContext, chunk: Chunk, request_ids: list[int], unstart
             if released and ctx.config.broker is not None:
                 from specq.jobs.enqueue import enqueue_chunks
 
-                enqueue_chunks(ctx.config.broker, [chunk])
+                enqueue_chunks(ctx.config.broker, [chunk], identity(ctx.db))
     except Exception as exc:
         log.warning(
             "could not give back %d requests of job %s (%s); their leases will expire", len(request_ids), chunk[0], exc
