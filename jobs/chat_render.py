@@ -8,8 +8,9 @@ decodes the stored ids. `run` renders the same way before it generates.
 Each rendering runs in a child process (`jobs.chat_sandbox`): Jinja's sandbox as transformers renders,
 an address space of specq.limits.CHAT_RENDER_MEMORY_BYTES, an output of RENDERED_PROMPT_CHARS at most,
 and a wall-clock bound per line (SPECQ_CHAT_TEMPLATE_SECONDS, default 10 s), past which the child is
-killed (a fresh one renders the next line). A line whose rendering fails, outlasts its time or
-outgrows its bounds is a bad line, reported with its number like any other.
+killed (a fresh one renders the next line; after GIVE_UP_AFTER_TIMEOUTS such lines, none is tried
+again). A line whose rendering fails, outlasts its time or outgrows its bounds is a bad line, reported
+with its number like any other.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SECONDS_ENV = "SPECQ_CHAT_TEMPLATE_SECONDS"
+# after this many lines outlast their time, the template is not run again: a file of 100,000 such lines
+# would otherwise hold its submit for days
+GIVE_UP_AFTER_TIMEOUTS = 3
 STARTUP_SECONDS = 120.0  # for the child to import its libraries: not a line's time, and slow on a busy machine
 
 
@@ -71,10 +75,16 @@ class ChatRenderer:
         self.settings["memory_bytes"] = memory_bytes
         self.seconds = render_seconds_from_env() if seconds is None else seconds
         self._child: subprocess.Popen[bytes] | None = None
+        self.timeouts = 0
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The prompt text of `messages` with an open assistant turn; RenderError if the template fails,
         takes longer than its time, or outgrows its memory or output bound."""
+        if self.timeouts >= GIVE_UP_AFTER_TIMEOUTS:
+            raise RenderError(
+                f"not rendered: the chat template took longer than {self.seconds:g}s (the limit) on "
+                f"{self.timeouts} lines already"
+            )
         child = self._started()
         assert child.stdin is not None and child.stdout is not None
         try:
@@ -88,6 +98,7 @@ class ChatRenderer:
             code = self._stop()
             if code is not None and code != -9:
                 raise RenderError(f"the chat template's renderer stopped (exit code {code}): out of memory?")
+            self.timeouts += 1
             raise RenderError(f"rendering the chat template took longer than {self.seconds:g}s (the limit)")
         reply = json.loads(answer)
         if "error" in reply:

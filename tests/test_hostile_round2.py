@@ -52,16 +52,21 @@ PLAIN = {"id": "plain", "prompt": "def add(a, b):", "max_tokens": 4, "temperatur
 # -- 1. chat templates ----------------------------------------------------------------------------------
 def test_a_template_that_hangs_or_hogs_is_a_bad_line_at_submit(pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
     env = services_env(pg_db_url, redis_url, tmp_path / "home", SPECQ_CHAT_TEMPLATE_SECONDS="2")
-    path = write_requests(tmp_path / "in.jsonl", [PLAIN, {"id": "c1", **CHAT}, {"id": "c2", **CHAT}])
+    chats = [{"id": f"c{i}", **CHAT} for i in range(5)]
+    path = write_requests(tmp_path / "in.jsonl", [PLAIN, *chats])
     for template, why in ((HANG, "took longer than 2s"), (HOG, "needs more than 1024 MiB of memory")):
         (tmp_path / "t.jinja").write_text(template)
         started = time.monotonic()
         result = invoke(["submit", path, "--target", tiny_pair[0], "--chat-template", str(tmp_path / "t.jinja")], env)
         assert result.exit_code == 2, result.output
         lines = result.stderr.splitlines()
-        assert [line.split(": ", 1)[0] for line in lines[:2]] == [f"{path}:2", f"{path}:3"], result.stderr
-        assert all(why in line for line in lines[:2]), result.stderr
-        assert time.monotonic() - started < 120  # bounded: each line is cut at 2 s (it would never end)
+        assert [line.split(": ", 1)[0] for line in lines[:5]] == [f"{path}:{i}" for i in range(2, 7)], result.stderr
+        if template == HANG:  # three lines cut at 2 s each, the others not tried
+            assert all(why in line for line in lines[:3]), result.stderr
+            assert all("took longer than 2s (the limit) on 3 lines already" in line for line in lines[3:5])
+        else:
+            assert all(why in line for line in lines[:5]), result.stderr
+        assert time.monotonic() - started < 120  # bounded: it would never end
         assert count_rows(pg_db_url, Job) == 0 and count_rows(pg_db_url, Request) == 0
 
 
