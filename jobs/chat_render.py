@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SECONDS_ENV = "SPECQ_CHAT_TEMPLATE_SECONDS"
+# the renderer needs no math library's thread pool (numpy comes with transformers' utilities)
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 # after this many lines outlast their time, the template is not run again: a file of 100,000 such lines
 # would otherwise hold its submit for days
 GIVE_UP_AFTER_TIMEOUTS = 3
@@ -114,6 +116,7 @@ class ChatRenderer:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
+                env={**os.environ, **ONE_THREAD},
             )
             assert self._child.stdin is not None and self._child.stdout is not None
             with contextlib.suppress(OSError):  # it died: no ready line comes

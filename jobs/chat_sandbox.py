@@ -3,7 +3,8 @@ runs here, never in a submit's or a worker's own process.
 
 Jinja's sandbox (transformers renders in its ImmutableSandboxedEnvironment) keeps a template from
 reaching Python's internals, but not from looping for ever or building a string of gigabytes. So this
-process caps its own address space (RLIMIT_AS) before it reads a template, refuses an output past
+process caps its own address space (RLIMIT_AS: a budget over what its imports mapped) before it reads
+a template, refuses an output past
 `max_chars`, and its parent kills it when one rendering outlasts its time. It imports transformers'
 chat-template utilities only (no torch), so its baseline stays far below the cap.
 
@@ -37,6 +38,15 @@ def _render(template: str, variables: dict[str, Any], messages: list[dict[str, A
     return text
 
 
+def _mapped() -> int:
+    """This process's address space now, in bytes (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _answer(out: Any, **payload: Any) -> None:
     out.write(json.dumps(payload, ensure_ascii=False) + "\n")
     out.flush()
@@ -47,7 +57,8 @@ def main() -> None:
 
     settings = json.loads(sys.stdin.readline())
     limit = int(settings["memory_bytes"])
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # the budget on top of what the imports mapped (thread stacks and arenas grow with the cores)
+    resource.setrlimit(resource.RLIMIT_AS, (_mapped() + limit,) * 2)
     _answer(sys.stdout, ready=True)  # started: from here on, the parent times each line
     template, variables, max_chars = settings["template"], settings["variables"], int(settings["max_chars"])
     for line in sys.stdin:
