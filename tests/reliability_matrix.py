@@ -457,6 +457,13 @@ ROWS: tuple[Row, ...] = (
         NONE_LOST,
         ("tests/test_hostile_round2.py::test_worker_metrics_report_the_served_model_name",),
     ),
+    Row(
+        "fault",
+        "a worker pointed at another database than the job's",
+        "gives the chunk back and exits 4 saying why; the right worker runs it",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_a_worker_on_another_database_gives_the_chunk_back",),
+    ),
 )
 
 
