@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import delete
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from specq.db.migrate import open_migrated
 from specq.db.models import Job
@@ -146,11 +146,27 @@ def _store(
     job_id = new_job_id()
     try:
         return _store_job(db, job_id, source, spec, broker, limits, models)
+    except BadInputError:
+        _reclaim_rolled_back(db)
+        raise
     except OperationalError as exc:  # the store itself failed: a full disk, the server gone mid-write
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise ServiceUnavailableError(
             f"could not store the job in the database at {db.url} ({reason}; is its disk full?): nothing was stored"
         ) from None
+
+
+def _reclaim_rolled_back(db: Database) -> None:
+    """On PostgreSQL, vacuum the requests a rejected file's COPY wrote before its bad lines were known:
+    rolled back, they stay on disk as dead rows (50 MB for 200,000 lines) until autovacuum comes by.
+    VACUUM skips the pages that hold only live rows and gives the trailing dead ones back; best effort."""
+    if db.is_sqlite:
+        return  # its inserts rolled back with their pages
+    try:
+        with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM requests")
+    except SQLAlchemyError as exc:
+        log.warning("could not vacuum the rejected requests (%s); autovacuum will", exc)
 
 
 def _store_job(

@@ -464,6 +464,13 @@ ROWS: tuple[Row, ...] = (
         NONE_LOST,
         ("tests/test_hostile_round2.py::test_a_worker_on_another_database_gives_the_chunk_back",),
     ),
+    Row(
+        "input",
+        "20,000 good lines, then a bad one (PostgreSQL)",
+        "rejected; the rows its COPY wrote vacuumed away at once (they stayed as dead rows)",
+        NOTHING,
+        ("tests/test_hostile_round2.py::test_a_rejected_submit_leaves_no_dead_rows",),
+    ),
 )
 
 

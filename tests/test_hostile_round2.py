@@ -448,3 +448,23 @@ def test_a_worker_on_another_database_gives_the_chunk_back(pg_db_url, redis_url,
         assert (info["state"], info["completed"]) == ("completed", 1), info
     finally:
         drop_database(other_name)
+
+
+def test_a_rejected_submit_leaves_no_dead_rows(pg_db_url, tiny_pair, tmp_path) -> None:
+    """20,000 good lines then a bad one: rejected, and the rows its COPY wrote are vacuumed away (the
+    table's size is what it was), not left for autovacuum (50 MB for 200,000 lines)."""
+    from sqlalchemy import text
+
+    db = open_database(pg_db_url)
+
+    def size() -> int:
+        with db.engine.connect() as conn:
+            return int(conn.execute(text("SELECT pg_relation_size('requests')")).scalar_one())
+
+    before = size()
+    lines = [{"id": str(i), "prompt": "x" * 100} for i in range(20_000)] + ['{"prompt": ""}']
+    path = write_requests(tmp_path / "in.jsonl", lines)
+    result = invoke(["submit", path, "--target", tiny_pair[0]], services_env(pg_db_url, None, tmp_path / "home"))
+    assert result.exit_code == 2, result.output
+    assert count_rows(pg_db_url, Request) == 0
+    assert size() == before
