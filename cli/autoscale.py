@@ -111,7 +111,8 @@ def autoscale(
     from specq.jobs.services import broker_url as resolve_broker
     from specq.worker.autoscale.config import AutoscaleConfig, default_devices, parse_devices
 
-    broker = resolve_broker(broker_url)
+    with specq_errors():
+        broker = resolve_broker(broker_url)
     if broker is None:
         raise click.UsageError("autoscale needs a broker: give --broker-url or set SPECQ_BROKER_URL")
     placed = parse_devices(devices) if devices is not None else default_devices()

@@ -47,7 +47,7 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
     when it was cancelled have not yet been given up by their workers (retry again in a few seconds).
     """
     with specq_errors():
-        from specq.db.session import open_database
+        from specq.db.session import identity, open_database
         from specq.jobs.control import retry_job
         from specq.jobs.enqueue import enqueue_chunks
         from specq.jobs.services import broker_url as resolve_broker
@@ -68,7 +68,7 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
         change = outcome.state if outcome.state == outcome.previous else f"{outcome.previous} -> {outcome.state}"
         click.echo(f"job {job} ({change}): {_requeued(outcome.requeued)}", err=True)
         if broker is not None:
-            enqueue_chunks(broker, outcome.chunks)
+            enqueue_chunks(broker, outcome.chunks, identity(db))
             return
         from specq.jobs.status import job_status
         from specq.worker.embedded import run_chunks_here

@@ -262,6 +262,8 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
     try:
         config = DecodingConfig(**decoding)
         chat_template = None if values["chat_template"] is None else load_chat_template(values["chat_template"])
+        if values["served_model_name"] and not values["served_model_name"].isprintable():
+            raise ValueError("--served-model-name must be printable UTF-8 text")
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     return GenerationOptions(

@@ -29,7 +29,7 @@ def _fmt(value: Any) -> str:
 @job_argument(required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: one object for JOB, else a list, newest first.")
 @click.option(
-    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Recent jobs listed without JOB."
+    "--limit", type=click.IntRange(1, 2**31 - 1), default=20, show_default=True, help="Recent jobs listed without JOB."
 )
 @click.option("--state", type=click.Choice(JOB_STATES), help="Without JOB: only the jobs in this state.")
 @click.option(

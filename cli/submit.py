@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -43,10 +44,25 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
                 f"{key!r}: keys are {METADATA_KEY_CHARS} characters at most, values {METADATA_VALUE_CHARS}",
                 param_hint="'--metadata'",
             )
+        if any(unicodedata.category(c) == "Cc" for c in pair):  # a newline forges a line of `status`,
+            # an escape sequence drives the terminal that shows it
+            raise click.BadParameter(f"{pair!r} holds a control character", param_hint="'--metadata'")
         if key in found:
             raise click.BadParameter(f"{key!r} is given twice", param_hint="'--metadata'")
         found[key] = value
     return found
+
+
+WINDOW_CHARS = 16  # as stored with the job
+
+
+def _window(value: str | None, param: click.Parameter, ctx: click.Context) -> tuple[str, timedelta] | None:
+    """--completion-window as given (stored so) and as a span."""
+    if value is None:
+        return None
+    if len(value) > WINDOW_CHARS:
+        raise click.BadParameter(f"{value!r} is longer than {WINDOW_CHARS} characters; write it shorter, e.g. 24h")
+    return value, Duration().convert(value, param, ctx)
 
 
 @cli.command("submit")
@@ -75,7 +91,7 @@ def _metadata(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--completion-window",
     type=str,
-    callback=lambda ctx, param, value: None if value is None else (value, Duration().convert(value, param, ctx)),
+    callback=lambda ctx, param, value: _window(value, param, ctx),
     help="Requests not started within this span of the submit (e.g. 24h, 30m, 7d) expire, and so does the job "
     "(OpenAI Batch's completion_window). [default: none]",
 )

@@ -60,7 +60,8 @@ def worker(
     chunk goes back to the queue first): a misconfigured worker never fails a request."""
     from specq.jobs.services import broker_url as resolve_broker
 
-    broker = resolve_broker(broker_url)
+    with specq_errors():
+        broker = resolve_broker(broker_url)
     if broker is None:
         raise click.UsageError("a worker needs a broker: give --broker-url or set SPECQ_BROKER_URL")
     verbose = (ctx.find_root().params.get("verbose") or 0) if ctx.find_root() else 0

@@ -179,3 +179,23 @@ def dispose_all() -> None:
     """Close every pooled connection and forget the engines (after a fork, and in tests)."""
     while _databases:
         _databases.popitem()[1].engine.dispose()
+
+
+_identities: dict[str, str | None] = {}
+
+
+def identity(db: Database) -> str | None:
+    """Which database this is, the same through any URL that reaches it: PostgreSQL's cluster
+    identifier and the database's name. Chunk messages carry it, so a worker pointed at another
+    database gives their chunks back instead of dropping them as jobs that are gone. None on SQLite (a
+    file no worker elsewhere shares): no check."""
+    if db.url not in _identities:
+        if db.is_sqlite:
+            _identities[db.url] = None
+        else:
+            with db.engine.connect() as conn:
+                row = conn.execute(
+                    text("SELECT system_identifier::text, current_database() FROM pg_control_system()")
+                ).one()
+            _identities[db.url] = f"{row[0]}/{row[1]}"
+    return _identities[db.url]

@@ -45,9 +45,17 @@ REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     RequestState.QUEUED: frozenset({RequestState.RUNNING, RequestState.CANCELLED, RequestState.EXPIRED}),
     # a running request whose lease expired (its worker died) is claimed again (running -> running) or put
     # back by the sweeper (running -> queued)
-    # running -> cancelled: its worker saw the job cancelled and gave it up before it ran
+    # running -> cancelled: its worker saw the job cancelled and gave it up before it ran, or its worker
+    # died after the job was cancelled (the sweeper ends it with its job); running -> expired likewise
     RequestState.RUNNING: frozenset(
-        {RequestState.QUEUED, RequestState.RUNNING, RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED}
+        {
+            RequestState.QUEUED,
+            RequestState.RUNNING,
+            RequestState.COMPLETED,
+            RequestState.FAILED,
+            RequestState.CANCELLED,
+            RequestState.EXPIRED,
+        }
     ),
     RequestState.COMPLETED: frozenset(),
     RequestState.FAILED: frozenset({RequestState.QUEUED}),

@@ -196,14 +196,15 @@ class BatchState:
         for row, sequence in zip(rows, sequences, strict=True):
             slot = self.slots[row]
             assert slot is not None
-            reason, tokens = ended[row]
+            reason, cut = ended[row]
             start, wanted, buffers = int(self.prompt_h[row]), int(self.logprobs_h[row]), self.logprob_buffers
-            if tokens is None:
-                tokens = sequence[start : start + self.generated_h[row]].tolist()
+            tokens = sequence[start : start + self.generated_h[row]].tolist() if cut is None else cut
+            # a stop string that begins inside a token cuts the text there, not at a token (stopping.py)
+            cut_text = None if cut is None or slot.stops is None else slot.stops.cut_text
             result = GenerationResult(
                 key=slot.request.key,
                 token_ids=tokens,
-                text=decode(tokenizer, tokens),
+                text=decode(tokenizer, tokens) if cut_text is None else cut_text,
                 finish_reason=reason,
                 prompt_tokens=start,
                 completion_tokens=len(tokens),

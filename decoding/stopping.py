@@ -60,8 +60,10 @@ class IncrementalText:
 class StopChecker:
     """Fed each step's new tokens of one request; returns the kept tokens once a stop string appears.
 
-    The completion must decode exactly from its tokens, so a stop string that begins inside a
-    token ends the completion at the token boundary before it.
+    The completion's text is cut exactly where the stop string begins (`cut_text`), as OpenAI and vLLM
+    cut it; its tokens are those whose text begins before that point. So a stop string that begins
+    inside a token keeps that token, whose text is then only partly in the completion (`"s\nimp"` on
+    `import os\nimport` gives `"import o"`: the token `os` is kept, its `s` cut).
     """
 
     def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...]) -> None:
@@ -72,6 +74,7 @@ class StopChecker:
         self.tail = ""  # committed text from character `tail_start` on
         self.tail_start = 0
         self.searched = 0  # characters of the text already searched
+        self.cut_text: str | None = None  # the completion's text once a stop string appeared
 
     @property
     def tokens(self) -> list[int]:
@@ -105,6 +108,9 @@ class StopChecker:
             if len(prefix) <= cut and text.startswith(prefix):
                 break
             keep -= 1
+        if len(decode(self.tokenizer, self.tokens[:keep])) < cut:
+            keep += 1  # the token the stop string begins in: its text before the stop string is kept
+        self.cut_text = text[:cut]
         return self.tokens[:keep]
 
 

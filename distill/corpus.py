@@ -56,7 +56,6 @@ def prepare_prompts(
     specs: Iterator[RequestSpec],
     tokenizer: PreTrainedTokenizerBase,
     sampling: dict[str, Any],
-    chat_template: str | None,
     name: str,
 ) -> list[Prompt]:
     """Every validated line as an engine request (a line with `n` > 1 counts once: the draft learns from
@@ -66,7 +65,7 @@ def prepare_prompts(
 
     prompts, problems = [], []
     for key, spec in enumerate(specs):
-        request = engine_request(key, spec, tokenizer, sampling, chat_template)
+        request = engine_request(key, spec, tokenizer, sampling)
         if isinstance(request, GenerationResult):
             problems.append(f"{name}:{spec.line}: {request.error}")
         else:

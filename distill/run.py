@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import logging
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -51,22 +51,22 @@ def train_draft(
     from specq.distill.corpus import decode_with_target, load_sequences, prepare_prompts, save_sequences, split
     from specq.distill.evaluate import evaluate_draft
     from specq.distill.workdir import file_digest, open_workdir
-    from specq.jobs.chat_template import refuse_chat_without_template
+    from specq.jobs.chat_template import ChatLines
     from specq.jobs.input_source import readable_input
     from specq.jobs.inputs import iter_request_specs, validate_file
-    from specq.models.loading import check_supported, has_chat_template, load_config, load_tokenizer
+    from specq.models.loading import check_supported, load_config, load_tokenizer
 
-    with readable_input(settings.data, limits) as source:
+    with readable_input(settings.data, limits) as source, ExitStack() as cleanup:
         # the target's tokenizer and config first: a missing target costs seconds, and nothing is written
         tokenizer = load_tokenizer(settings.target)
         check_supported(settings.target, load_config(settings.target))
-        template_missing = functools.cache(lambda: not has_chat_template(tokenizer))
-        refuse = None if settings.chat_template else refuse_chat_without_template(settings.target, template_missing)
-        total = validate_file(source.path, limits, name=source.name, refuse=refuse)
+        # chat lines rendered as `submit` renders them (jobs/chat_render.py: bounded, in a child process)
+        chat_lines = cleanup.enter_context(ChatLines(settings.target, settings.chat_template, lambda _: tokenizer))
+        total = validate_file(source.path, limits, name=source.name, prepare=chat_lines)
         if total < 2:
             raise BadInputError([f"{source.name}: {total} prompts; at least 2 are needed, one of them held out"])
-        specs = iter_request_specs(source.path, limits, name=source.name)
-        prompts = prepare_prompts(specs, tokenizer, settings.sampling, settings.chat_template, source.name)
+        specs = iter_request_specs(source.path, limits, name=source.name, prepare=chat_lines)
+        prompts = prepare_prompts(specs, tokenizer, settings.sampling, source.name)
         digest = file_digest(source.path)
 
     train_ids, heldout_ids = split(len(prompts), settings.heldout_count(len(prompts)), settings.seed)

@@ -95,9 +95,11 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
     nothing and says so (`winding_down`), since a request given up under a job that runs again would
     never end, and neither would the job.
 
-    The chunks returned cover every queued request of the job, so a retry also recovers requests whose
-    task was lost (e.g. a broker that was flushed). `enqueued`: the caller sends them to the broker
-    (the job's `enqueued_at` is set, so sweepers watch its messages), else it runs them in-process.
+    The chunks returned cover every queued request of an ended job (and of any job run in-process), so
+    a retry also recovers requests whose task was lost (e.g. a broker that was flushed); of a job still
+    under way on a broker, only the chunks of what this retry requeued (a second retry sends none).
+    `enqueued`: the caller sends them to the broker (the job's `enqueued_at` is set, so sweepers watch
+    its messages), else it runs them in-process.
     """
     with db.session() as session:
         job = _locked_job(db, session, job_id)
@@ -133,13 +135,19 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
             )
             # a failed request counted in `failed` and generated no tokens
             job.failed -= n_failed
-            if job.state in job_sources(JobState.QUEUED):
-                job.state, job.finished_at = JobState.QUEUED, None
-        job.enqueued_at = utcnow() if enqueued else None
         size = job.settings["chunk_size"]
-        firsts = session.scalars(
-            select(Request.seq // size).where(Request.job_id == job_id, Request.state == RequestState.QUEUED).distinct()
-        ).all()
+        queued = select(Request.seq // size).where(Request.job_id == job_id, Request.state == RequestState.QUEUED)
+        if enqueued and job.state not in JOB_TERMINAL:
+            # a job still under way has its other queued requests' chunks on the broker already (a lost one
+            # is the sweepers' to find): only what this retry requeued is enqueued, so a repeated retry
+            # sends nothing twice
+            queued = queued.where(Request.id.in_(ids))
+        firsts = session.scalars(queued.distinct()).all()
+        # queued requests under an ended job (a sweeper of an older version requeued them under a cancelled
+        # job) run again with it too
+        if firsts and job.state in job_sources(JobState.QUEUED):
+            job.state, job.finished_at = JobState.QUEUED, None
+        job.enqueued_at = utcnow() if enqueued else None
         chunks = [(job_id, int(i) * size, min((int(i) + 1) * size, job.total)) for i in sorted(firsts)]
         return RetryOutcome(previous, job.state, dict(requeued), chunks, job.settings.get("device"))
 

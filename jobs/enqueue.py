@@ -17,8 +17,10 @@ def job_chunks(job_id: str, total: int, chunk_size: int) -> Iterable[Chunk]:
         yield job_id, first, min(first + chunk_size, total)
 
 
-def enqueue_chunks(broker: str, chunks: Iterable[Chunk]) -> int:
-    """Send one `process_chunk` task per chunk; returns how many. Raises ServiceUnavailableError."""
+def enqueue_chunks(broker: str, chunks: Iterable[Chunk], database: str | None = None) -> int:
+    """Send one `process_chunk` task per chunk; returns how many. Raises ServiceUnavailableError.
+    `database`: the identity of the database the job is in (`db.session.identity`), which a worker
+    checks against its own before it runs the chunk."""
     from kombu.exceptions import KombuError, OperationalError
 
     app = celery_app(broker)
@@ -26,7 +28,8 @@ def enqueue_chunks(broker: str, chunks: Iterable[Chunk]) -> int:
     try:
         with app.producer_or_acquire() as producer:
             for job_id, first, end in chunks:
-                app.send_task(PROCESS_CHUNK_TASK, args=(job_id, first, end), producer=producer)
+                extra = {} if database is None else {"database": database}
+                app.send_task(PROCESS_CHUNK_TASK, args=(job_id, first, end), kwargs=extra, producer=producer)
                 sent += 1
     except (OperationalError, KombuError, OSError) as exc:
         raise broker_unavailable(broker, exc) from None

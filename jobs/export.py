@@ -4,6 +4,10 @@ Rows are read a page at a time by position (keyset pagination on the (job, seq) 
 cost what 1k do in memory, and a database restart mid-export resumes at the next page.
 Every request of the job has a line; one that never ran (its job was cancelled, or is still waiting)
 has no completion and says why in `error` (jsonl, openai) or `status` (csv).
+
+A job deleted while it streams (`specq delete`, retention) is noticed: the rows run out before the
+job's total, and export fails (exit 1) instead of saying it wrote them all; a file is then left as it
+was (it is replaced only once complete), a FIFO or device has what was written.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from sqlalchemy import select
 
 from specq.db.models import Job, Request, Result
 from specq.db.session import Database, schema_ready
-from specq.errors import JobNotFoundError
+from specq.errors import JobNotFoundError, SpecqError
 from specq.jobs.output_file import open_output
 from specq.jobs.outputs import OpenAIIds, csv_row, openai_record, result_record, served_name, write_csv, write_jsonl
 from specq.jobs.patience import Patient
@@ -88,15 +92,17 @@ class Row(NamedTuple):
     created: int | None  # when the result was stored, epoch seconds
 
 
-def _rows(db: Database, job_id: str, patient: Patient | None) -> Iterator[Row]:
-    """Every request of the job with its result, in input order.
+def _rows(db: Database, job_id: str, total: int, patient: Patient | None) -> Iterator[Row]:
+    """Every request of the job with its result, in input order; SpecqError if they run out before
+    `total` (the job was deleted meanwhile).
 
     Read a page at a time, each page after the last position written: a database restart mid-export
     (`patient` rides it out) resumes where it stopped, so even a FIFO gets each line once."""
-    after = -1
+    after, read_so_far = -1, 0
     while True:
         read = functools.partial(_page, db, job_id, after)
         page = patient(read) if patient else read()
+        read_so_far += len(page)
         for row in page:
             request = {
                 "id": row.custom_id,
@@ -122,6 +128,11 @@ def _rows(db: Database, job_id: str, patient: Patient | None) -> Iterator[Row]:
             )
             yield Row(row.seq, row.line, row.choice_index, request, result, row.status, int(row.created_at.timestamp()))
         if len(page) < PAGE:
+            if read_so_far < total:
+                raise SpecqError(
+                    f"job {job_id} was deleted while it was exported ({read_so_far} of its {total} requests "
+                    "read): the output is incomplete"
+                )
             return
         after = page[-1].seq
 
@@ -175,7 +186,7 @@ def export_job(
     target's name (`served_name`); ids derive from the job id and the line's first position."""
     job = patient(lambda: _job(db, job_id)) if patient else _job(db, job_id)
     default_model = served_name(job.target)
-    lines = (choices for choices in _lines(_rows(db, job_id, patient)) if _wanted(choices, only))
+    lines = (choices for choices in _lines(_rows(db, job_id, job.total, patient)) if _wanted(choices, only))
     # csv and jsonl: a row a choice, which says its index when the line has several
     rows = ((row, row.choice if len(choices) > 1 else None) for choices in lines for row in choices)
     with open_output(path) as out:
@@ -202,6 +213,7 @@ def export_job(
                     created=max((row.created for row in choices if row.created is not None), default=None),
                     state=choices[0].state,
                     more=[row.result for row in choices[1:]],
+                    more_states=[row.state for row in choices[1:]],
                 )
                 for choices in lines
             ),

@@ -54,6 +54,8 @@ def readable_input(path: str, limits: InputLimits | None = None) -> Iterator[Inp
     with tempfile.NamedTemporaryFile(prefix="specq-input-", suffix=".jsonl") as spool:
         name = STDIN_NAME if path == STDIN else path
         if path == STDIN:
+            if sys.stdin is None:  # started with its standard input closed
+                raise BadInputError([f"{name}: standard input is closed"])
             _copy(sys.stdin.buffer, spool, limit, name)
         else:
             with open(path, "rb") as source:

@@ -115,7 +115,8 @@ class RequestSpec:
     prompt: str | None  # set for "completion" requests given as text
     messages: list[dict] | None  # set for "chat" requests: [{"role": ..., "content": ..., "name"?}, ...]
     overrides: dict
-    prompt_token_ids: tuple[int, ...] | None = None  # set for "completion" requests given as token ids
+    # set for "completion" requests given as token ids, and for "chat" requests once rendered (at submit)
+    prompt_token_ids: tuple[int, ...] | None = None
     model: str | None = None  # an OpenAI line's `body.model`, echoed in OpenAI-format output
     n: int = 1  # completions of this line (`n`), each a request of its own (`choice_index`)
 
@@ -508,7 +509,9 @@ def _lines(f: Any, max_line: int) -> Iterator[tuple[int, bytes | None]]:
         yield number, None
 
 
-Refusal = Callable[[RequestSpec], str | None]  # what is wrong with a good line in this job, or None
+# what this job makes of a good line: the spec to store (chat lines rendered to token ids, jobs.chat_template),
+# or what is wrong with it in this job
+Preparation = Callable[[RequestSpec], "RequestSpec | str"]
 
 
 class _Scan:
@@ -519,12 +522,12 @@ class _Scan:
         path: str | os.PathLike[str],
         limits: InputLimits | None = None,
         name: str | None = None,
-        refuse: Refusal | None = None,
+        prepare: Preparation | None = None,
     ) -> None:
         self.path = path
         self.name = os.fspath(path) if name is None else name
         self.limits = limits or InputLimits.from_env()
-        self.refuse = refuse
+        self.prepare = prepare
         self.problems: list[tuple[int, str]] = []
         self.id_hashes = array("q")  # hash(id) of each good line: 8 bytes a line, whatever its size
 
@@ -557,9 +560,12 @@ class _Scan:
                     problems.append((number, str(exc)))
                     continue
                 hashes.append(hash(spec.id))
-                if self.refuse is not None and (refusal := self.refuse(spec)) is not None:
-                    problems.append((number, refusal))
-                    continue
+                if self.prepare is not None:
+                    prepared = self.prepare(spec)
+                    if isinstance(prepared, str):
+                        problems.append((number, prepared))
+                        continue
+                    spec = prepared
                 yield spec
 
     def finish(self) -> None:
@@ -600,16 +606,16 @@ def iter_request_specs(
     limits: InputLimits | None = None,
     *,
     name: str | None = None,
-    refuse: Refusal | None = None,
+    prepare: Preparation | None = None,
 ) -> Iterator[RequestSpec]:
     """Stream the good requests of `path`; at the end raise BadInputError listing every bad line.
 
     Good lines are yielded before the file is known to be good; call `validate_file` first when nothing
     may happen unless the whole file is good. `limits`: None reads them from the environment. `name`:
-    the input as messages name it (default: `path`). `refuse`: what this job cannot run of a good line
-    (a chat line without a chat template), reported like a bad line.
+    the input as messages name it (default: `path`). `prepare`: what this job makes of a good line
+    (a chat line rendered to token ids), or what it cannot run of it, reported like a bad line.
     """
-    scan = _Scan(path, limits, name, refuse)
+    scan = _Scan(path, limits, name, prepare)
     yield from scan
     scan.finish()
 
@@ -619,11 +625,11 @@ def validate_file(
     limits: InputLimits | None = None,
     *,
     name: str | None = None,
-    refuse: Refusal | None = None,
+    prepare: Preparation | None = None,
 ) -> int:
     """Read the whole file once and return its number of requests (a line with `n` > 1 is n requests, its
-    choices); raise BadInputError if any line is bad (`name` and `refuse` as for `iter_request_specs`)."""
-    scan = _Scan(path, limits, name, refuse)
+    choices); raise BadInputError if any line is bad (`name` and `prepare` as for `iter_request_specs`)."""
+    scan = _Scan(path, limits, name, prepare)
     count = sum(spec.n for spec in scan)
     scan.finish()
     return count

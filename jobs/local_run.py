@@ -20,7 +20,7 @@ from typing import Any, Literal
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
-from specq.jobs.chat_template import refuse_chat_without_template
+from specq.jobs.chat_template import ChatLines
 from specq.jobs.input_source import STDIN, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs, validate_file
 from specq.jobs.output_file import open_output
@@ -65,19 +65,18 @@ def run_file(
     """Generate for every line of `input_path` ("-": stdin) and write one JSON line per request to
     `output_path` ("-": stdout), as jobs.output_file writes: nothing is written, and an existing file is
     left as it was, unless the whole input is good and the run ends. Chat lines are rendered with
-    `chat_template`, else the target tokenizer's own (none: they are refused as bad lines).
+    `chat_template`, else the target tokenizer's own, under the bounds of jobs.chat_render; a line that
+    cannot be rendered is a bad line. They are rendered twice, when the input is checked and when it
+    runs: a run keeps no line in memory.
 
     `output_format` "openai": the lines are OpenAI Batch output lines, whose `model` is
     `served_model_name`, else the line's `body.model`, else the target's name (as `export` writes them)."""
-    from specq.models.loading import has_chat_template, load_pair, load_tokenizer, resolve_device
+    from specq.models.loading import load_pair, load_tokenizer, resolve_device
 
-    def template_missing() -> bool:
-        return not has_chat_template(load_tokenizer(target))
-
-    refuse = None if chat_template else refuse_chat_without_template(target, functools.cache(template_missing))
     with ExitStack() as cleanup:  # the spool (if any) outlives the output, which is renamed into place first
         source = cleanup.enter_context(readable_input(input_path, limits))
-        total = validate_file(source.path, limits, name=source.name, refuse=refuse)
+        chat_lines = cleanup.enter_context(ChatLines(target, chat_template, functools.cache(load_tokenizer)))
+        total = validate_file(source.path, limits, name=source.name, prepare=chat_lines)
         output = cleanup.enter_context(open_output(output_path))
         on_start(total)
         pair = load_pair(target, draft, resolve_device(device), dtype, compile)
@@ -93,7 +92,7 @@ def run_file(
 
         def requests() -> Iterator[GenerationRequest]:
             key = 0
-            for spec in iter_request_specs(source.path, limits, name=source.name):
+            for spec in iter_request_specs(source.path, limits, name=source.name, prepare=chat_lines):
                 summary.lines += 1
                 for choice in range(spec.n):
                     requests_of[key] = {
@@ -104,7 +103,7 @@ def run_file(
                         "n": spec.n,
                     }
                     line = replace(spec, overrides=choice_overrides(spec.overrides, choice))
-                    request = engine_request(key, line, pair.tokenizer, sampling, chat_template)
+                    request = engine_request(key, line, pair.tokenizer, sampling)
                     if isinstance(request, GenerationResult):
                         early_failures[key] = request
                     else:

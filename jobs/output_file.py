@@ -43,8 +43,18 @@ def open_output(path: str) -> Iterator[IO[str]]:
     """`path` opened for UTF-8 text (newline="" so the CSV writer's CRLF is kept), written as the module
     docstring says; the file is in place only once the block has ended without an exception."""
     if path == "-":
-        yield sys.stdout
-        sys.stdout.flush()
+        if sys.stdout is None:  # started with its standard output closed
+            raise OutputPathError("cannot write to standard output: it is closed")
+        try:
+            with _write_errors("standard output"):
+                yield sys.stdout
+                sys.stdout.flush()
+        except SpecqError:
+            # what could not be written would be flushed again at exit, with a second error: drop it
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            raise
         return
     try:
         existing: os.stat_result | None = os.stat(path)  # follows links

@@ -183,12 +183,12 @@ def _choice(chat: bool, index: int, result: ResultLike) -> dict[str, Any]:
 
 
 def _completion_body(
-    request: RequestLike, results: Sequence[ResultLike], *, ids: OpenAIIds, model: str, created: int
+    request: RequestLike, choices: Sequence[tuple[int, ResultLike]], *, ids: OpenAIIds, model: str, created: int
 ) -> dict:
-    """The response body of a line and its completions (one, or `n`): the prompt counted once in the
-    usage, the completions' tokens summed, as OpenAI counts them."""
-    prompt_tokens = results[0].prompt_tokens
-    completion_tokens = sum(result.completion_tokens for result in results)
+    """The response body of a line and its completions (one, or `n`: each (index, result)): the prompt
+    counted once in the usage, the completions' tokens summed, as OpenAI counts them."""
+    prompt_tokens = choices[0][1].prompt_tokens
+    completion_tokens = sum(result.completion_tokens for _, result in choices)
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -200,7 +200,7 @@ def _completion_body(
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
-        "choices": [_choice(chat, index, result) for index, result in enumerate(results)],
+        "choices": [_choice(chat, index, result) for index, result in choices],
         "usage": usage,
     }
 
@@ -214,6 +214,7 @@ def openai_record(
     created: int | None = None,
     state: str = "",
     more: Sequence[ResultLike | None] = (),
+    more_states: Sequence[str] = (),
 ) -> dict:
     """One line of the OpenAI Batch API's output file for `request` (its error file for a request
     without a completion).
@@ -224,13 +225,29 @@ def openai_record(
     prompt too long for the model is a 400 `invalid_request_error` response, as OpenAI answers one; any
     other failure an `error` object. `custom_id` is the request's id whatever form its line had.
 
-    `more`: the results of the line's other choices (`n` > 1), which join `result` as `choices[1:]`;
-    the line is an error, the first choice's that has no completion, unless every choice completed.
+    `more`: the results of the line's other choices (`n` > 1), with their request states (`more_states`),
+    which join `result` as `choices[1:]`. A line completed only if every choice did; one none of whose
+    choices completed is the first choice's error; one partly run (cancelled, expired, some choices
+    failed) keeps what completed: a 200 response with those choices (each with its own index) and an
+    `error` saying how many were cut and why. It is not a completed line (`--errors-only` has it).
     """
     if more:
-        missing = [r for r in (result, *more) if r is None or r.error is not None]
-        if missing:  # a line is one request: it completed only if every choice did
-            return openai_record(request, missing[0], model=model, ids=ids, created=created, state=state)
+        results = [result, *more]
+        states = [state, *more_states, *[""] * (len(more) - len(more_states))]
+        done = [(i, r) for i, r in enumerate(results) if r is not None and r.error is None]
+        cut = [i for i, r in enumerate(results) if r is None or r.error is not None]
+        if cut and not done:
+            return openai_record(request, result, model=model, ids=ids, created=created, state=state)
+        record = _completed_line(request, done, model=model, ids=ids, created=created)
+        if cut:
+            first = results[cut[0]]
+            if first is None:
+                code, why = NOT_RUN_CODES.get(states[cut[0]], "not_run"), f"did not run ({states[cut[0]]})"
+            else:
+                code, why = "generation_failed", f"failed: {first.error}"
+            message = f"{len(cut)} of {len(results)} choices did not complete; the first {why}"
+            record["error"] = {"code": code, "message": message}
+        return record
     line: dict[str, Any] = {"id": ids.line, "custom_id": _field(request, "id")}
     if result is None:
         code = NOT_RUN_CODES.get(state, "not_run")
@@ -250,11 +267,21 @@ def openai_record(
     if result.error is not None:
         line.update(response=None, error={"code": "generation_failed", "message": result.error})
         return line
+    return _completed_line(request, [(0, result)], model=model, ids=ids, created=created)
+
+
+def _completed_line(
+    request: RequestLike,
+    choices: Sequence[tuple[int, ResultLike]],
+    *,
+    model: str,
+    ids: OpenAIIds,
+    created: int | None,
+) -> dict:
+    """A line with a 200 response holding `choices` (index, result)."""
     created = int(time.time()) if created is None else created
-    results = [result, *(r for r in more if r is not None)]
-    body = _completion_body(request, results, ids=ids, model=model, created=created)
-    line.update(response=_response(ids, 200, body), error=None)
-    return line
+    body = _completion_body(request, choices, ids=ids, model=model, created=created)
+    return {"id": ids.line, "custom_id": _field(request, "id"), "response": _response(ids, 200, body), "error": None}
 
 
 def served_name(target: str) -> str:

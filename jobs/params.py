@@ -16,6 +16,8 @@ from specq.decoding.types import SAMPLING_KEYS, GenerationRequest, GenerationRes
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from specq.jobs.chat_render import ChatTokens
+
 
 def sampling_params(defaults: dict[str, Any], overrides: dict[str, Any]) -> SamplingParams:
     """The request's SamplingParams: `overrides` (the line's) over `defaults` (the job's)."""
@@ -56,7 +58,7 @@ class PromptLine(Protocol):
     def messages(self) -> list[dict[str, Any]] | None: ...  # set for chat requests
 
     @property
-    def prompt_token_ids(self) -> Sequence[int] | None: ...  # set for completion requests given as ids
+    def prompt_token_ids(self) -> Sequence[int] | None: ...  # given as ids, or chat messages once rendered
 
     @property
     def overrides(self) -> dict[str, Any]: ...  # the line's own sampling settings
@@ -67,21 +69,24 @@ def engine_request(
     line: PromptLine,
     tokenizer: PreTrainedTokenizerBase,
     defaults: dict[str, Any],
-    chat_template: str | None = None,
+    chat: ChatTokens | None = None,
 ) -> GenerationRequest | GenerationResult:
-    """The engine request for one line: its prompt tokenized (chat messages with `chat_template`, else
-    the tokenizer's own), its sampling settings resolved over the job's `defaults`. A line that cannot be
-    prepared fails alone: its failed result is returned."""
+    """The engine request for one line: its prompt token ids (as given, as rendered at submit, or its
+    text tokenized), its sampling settings resolved over the job's `defaults`. Chat messages with no
+    token ids (a job stored before chat lines were rendered at submit) are rendered by `chat`, under its
+    bounds. A line that cannot be prepared fails alone: its failed result is returned."""
     from specq.models.loading import tokenize_prompt
 
     try:
         params = sampling_params(defaults, line.overrides)
         if line.prompt_token_ids is not None:
             prompt_ids = _in_vocabulary(line.prompt_token_ids, len(tokenizer))
+        elif line.messages is not None:
+            if chat is None:
+                raise ValueError("chat messages, and no chat template to render them with")
+            prompt_ids = chat.token_ids(line.messages)
         else:
-            prompt_ids = tokenize_prompt(
-                tokenizer, prompt=line.prompt, messages=line.messages, chat_template=chat_template
-            )
+            prompt_ids = tokenize_prompt(tokenizer, prompt=line.prompt)
     except Exception as exc:  # a chat template that fails to render, settings out of range, ...
         return GenerationResult.failed(key, f"cannot prepare the request: {exc}")
     return GenerationRequest(key, tuple(prompt_ids), params)

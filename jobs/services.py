@@ -3,15 +3,39 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from specq.errors import ServiceUnavailableError
+from specq.errors import ConfigError, ServiceUnavailableError
 from specq.masking import mask_url
 from specq.queue import BROKER_ENV
 
 
 def broker_url(url: str | None = None) -> str | None:
-    """`url`, else `SPECQ_BROKER_URL`; None means no broker: work runs in-process."""
-    return url or os.environ.get(BROKER_ENV) or None
+    """`url`, else `SPECQ_BROKER_URL`; None means no broker: work runs in-process. A password given as
+    `?password=` (redis-py reads it so) is moved into the URL's userinfo, where kombu reads it (given
+    both ways, kombu and redis-py crashed on it); ConfigError when the URL has a password both ways."""
+    given = url or os.environ.get(BROKER_ENV) or None
+    return None if given is None else _password_in_userinfo(given)
+
+
+def _password_in_userinfo(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        password = parts.password
+    except ValueError:
+        return url  # not a URL: the broker check says so, in one line
+    given = [value for name, value in query if name == "password"]
+    if not given:
+        return url
+    if password is not None or len(given) > 1:
+        raise ConfigError(
+            f"{mask_url(url)}: the broker password is given twice (in the userinfo and as ?password=); give it once"
+        )
+    user = quote(parts.username or "", safe="")
+    host = parts.netloc.rpartition("@")[2]
+    rest = urlencode([(name, value) for name, value in query if name != "password"])
+    return urlunsplit((parts.scheme, f"{user}:{quote(given[0], safe='')}@{host}", parts.path, rest, parts.fragment))
 
 
 def broker_unavailable(url: str, exc: BaseException) -> ServiceUnavailableError:

@@ -8,9 +8,11 @@ Order matters, so that a bad file or a bad model leaves nothing behind:
    read only once (standard input, a pipe) is spooled to a temporary file (`jobs.input_source`);
 2. reach the database and the broker: a service that is down fails now, before anything is written;
 3. one transaction: the job row, then every request streamed from one read of the file (COPY on
-   PostgreSQL). Bad lines are collected while reading; if there was any, the transaction is rolled
-   back and every bad line reported (chat lines too, when the target has no chat template and the
-   job none of its own): nothing stored, nothing enqueued. A failed model check stops the
+   PostgreSQL). Chat lines are rendered to token ids on the way, each under a time and size bound,
+   with the target's tokenizer loaded here at the first one (`jobs.chat_template`). Bad lines are
+   collected while reading; if there was any, the transaction is rolled back and every bad line
+   reported (chat lines too, when their template fails or outgrows its bounds, or when there is none):
+   nothing stored, nothing enqueued. A failed model check stops the
    read as soon as it is known, and wins over bad lines; the transaction commits only after it passed;
 4. enqueue one task per chunk; if the broker fails half way the job is deleted again.
 
@@ -28,15 +30,15 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import delete
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from specq.db.migrate import open_migrated
 from specq.db.models import Job
-from specq.db.session import Database
+from specq.db.session import Database, identity
 from specq.db.states import JobState
 from specq.db.types import utcnow
 from specq.errors import BadInputError, ServiceUnavailableError
-from specq.jobs.chat_template import refuse_chat_without_template
+from specq.jobs.chat_template import ChatLines
 from specq.jobs.enqueue import enqueue_chunks, job_chunks
 from specq.jobs.input_source import InputSource, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs
@@ -58,7 +60,9 @@ class JobSpec:
     sampling: dict[str, Any]  # the job's default sampling settings (only those given)
     device: str | None = None  # for the in-process run; queue workers use their own device
     dtype: str | None = None
-    chat_template: str | None = None  # `--chat-template`'s text: workers render chat lines with it
+    # `--chat-template`'s text: chat lines are rendered with it at submit; the job stores their token ids,
+    # not the template (jobs.chat_template)
+    chat_template: str | None = None
     served_model_name: str | None = None  # the `model` OpenAI-format export reports (jobs.export)
     metadata: dict[str, str] | None = None  # `--metadata` pairs, shown by status (OpenAI Batch's metadata)
     completion_window: str | None = None  # as given, e.g. "24h"; requests not started by then expire
@@ -79,7 +83,6 @@ class JobSpec:
             "dtype": self.dtype,
             "chunk_size": chunk_size,
             "max_attempts": self.max_attempts,
-            "chat_template": self.chat_template,
             "compile": self.compile,
         }
 
@@ -122,7 +125,7 @@ def submit_job(
     chunks = list(job_chunks(job_id, total, chunk_size))
     if broker is not None:
         try:
-            enqueue_chunks(broker, chunks)
+            enqueue_chunks(broker, chunks, identity(db))
         except Exception:
             with db.session() as session:
                 session.execute(delete(Job).where(Job.id == job_id))
@@ -143,11 +146,27 @@ def _store(
     job_id = new_job_id()
     try:
         return _store_job(db, job_id, source, spec, broker, limits, models)
+    except BadInputError:
+        _reclaim_rolled_back(db)
+        raise
     except OperationalError as exc:  # the store itself failed: a full disk, the server gone mid-write
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise ServiceUnavailableError(
             f"could not store the job in the database at {db.url} ({reason}; is its disk full?): nothing was stored"
         ) from None
+
+
+def _reclaim_rolled_back(db: Database) -> None:
+    """On PostgreSQL, vacuum the requests a rejected file's COPY wrote before its bad lines were known:
+    rolled back, they stay on disk as dead rows (50 MB for 200,000 lines) until autovacuum comes by.
+    VACUUM skips the pages that hold only live rows and gives the trailing dead ones back; best effort."""
+    if db.is_sqlite:
+        return  # its inserts rolled back with their pages
+    try:
+        with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM requests")
+    except SQLAlchemyError as exc:
+        log.warning("could not vacuum the rejected requests (%s); autovacuum will", exc)
 
 
 def _store_job(
@@ -159,15 +178,17 @@ def _store_job(
     limits: InputLimits | None,
     models: ModelCheck,
 ) -> tuple[str, int, int]:
+    from specq.models.loading import load_tokenizer
+
     name = source.name
-    refuse = None if spec.chat_template else refuse_chat_without_template(spec.target, models.chat_template_missing)
-    with db.session() as session:  # rolled back if the file has a bad line or the models are bad
+    # rolled back if the file has a bad line or the models are bad
+    with ChatLines(spec.target, spec.chat_template, load_tokenizer) as chat_lines, db.session() as session:
         job = Job(
             id=job_id,
             state=JobState.QUEUED,
             target=spec.target,
             draft=spec.draft,
-            input_name=name,
+            input_name=name.encode("utf-8", "backslashreplace").decode(),  # a path need not be UTF-8
             served_model_name=spec.served_model_name,
             user_metadata=spec.metadata or None,
             completion_window=spec.completion_window,
@@ -177,7 +198,7 @@ def _store_job(
         session.add(job)
         session.flush()
         # raises BadInputError, with every bad line, once the whole file is read
-        specs = iter_request_specs(source.path, limits, name=source.name, refuse=refuse)
+        specs = iter_request_specs(source.path, limits, name=source.name, prepare=chat_lines)
         total = insert_requests(session, job_id, models.watch(specs))
         if total == 0:
             raise BadInputError([f"{name}: the file has no requests"])

@@ -74,3 +74,13 @@ TOKEN_ID = Limit(0, 2**31 - 1, description="a token id; the vocabulary's size is
 # `specq bench --workloads W --drafts D` (bench/workloads.py, bench/draft_axis.py)
 BENCH_WORKLOADS = ("continuation", "grounded", "templated")
 BENCH_DRAFTS = ("target_only", "draft", "ngram", "suffix", "hybrid")
+
+# Chat templates are user-controlled code (jobs/chat_render.py): `--chat-template` is read up to this size
+# (the largest templates on the Hub are about 20 KiB), and each rendering runs in a child process under a
+# time, a memory and an output bound. The time is a wall-clock bound on one line, generous for any real
+# template (they render in milliseconds); SPECQ_CHAT_TEMPLATE_SECONDS sets another
+CHAT_TEMPLATE_BYTES = 256 << 10
+CHAT_TEMPLATE_SECONDS = Limit(0, 3600, low_open=True, description="the most one chat line's rendering may take")
+DEFAULT_CHAT_TEMPLATE_SECONDS = 10.0
+CHAT_RENDER_MEMORY_BYTES = 1 << 30  # the renderer's whole address space (its baseline is under 200 MiB)
+RENDERED_PROMPT_CHARS = 4 << 20  # a rendered prompt: four 1 MiB lines' worth of text

@@ -348,14 +348,16 @@ def test_a_request_can_end_on_its_first_token(target, any_draft, prompts, ending
     assert results[1].token_ids == reference_greedy(target, prompts[2], 4, eos=10_000)
 
 
-def _cut_at_stop(tokens: list[int], stop: str) -> list[int]:
-    """The tokens before `stop` in their text, up to the token boundary at or before it."""
+def _cut_at_stop(tokens: list[int], stop: str) -> tuple[list[int], str]:
+    """The completion of `tokens` stopped at `stop`: its text cut where `stop` begins, and the tokens
+    whose text begins before that (the one `stop` begins in included, as OpenAI and vLLM keep it)."""
     tokenizer = IdTokenizer()
-    at = tokenizer.decode(tokens).index(stop)
-    keep = len(tokens)
-    while len(tokenizer.decode(tokens[:keep])) > at:
-        keep -= 1
-    return tokens[:keep]
+    text = tokenizer.decode(tokens)
+    at = text.index(stop)
+    keep = 0
+    while keep < len(tokens) and len(tokenizer.decode(tokens[:keep])) < at:
+        keep += 1
+    return tokens[:keep], text[:at]
 
 
 def test_a_stop_string_spanning_a_token_boundary(target, any_draft, prompts):
@@ -364,9 +366,10 @@ def test_a_stop_string_spanning_a_token_boundary(target, any_draft, prompts):
     params = SamplingParams(max_tokens=20, temperature=0.0, stop=(stop,))
     engine = SpeculativeEngine(target, _TokenizerWithEos(10_000), any_draft, DecodingConfig(strict=True))
     (result,) = engine.generate([GenerationRequest(0, tuple(prompts[4]), params)])
-    expected = _cut_at_stop(natural, stop)
-    assert result.token_ids == expected and len(expected) <= 7
-    assert result.text == IdTokenizer().decode(expected) and result.finish_reason == "stop"
+    tokens, text = _cut_at_stop(natural, stop)
+    assert result.token_ids == tokens and len(tokens) <= 8
+    assert result.text == text and result.finish_reason == "stop"
+    assert IdTokenizer().decode(tokens).startswith(text) and not text.endswith(">")  # cut inside a token
 
 
 def test_a_long_completion_with_a_late_stop_string(target, any_draft):
@@ -380,9 +383,9 @@ def test_a_long_completion_with_a_late_stop_string(target, any_draft):
         target, _TokenizerWithEos(10_000), any_draft, DecodingConfig(num_speculative_tokens=4, strict=True)
     )
     (result,) = engine.generate([GenerationRequest(0, tuple(prompt), params)])
-    expected = _cut_at_stop(natural, stop)
-    assert result.token_ids == expected and len(expected) <= 200
-    assert result.text == IdTokenizer().decode(expected) and result.finish_reason == "stop"
+    tokens, text = _cut_at_stop(natural, stop)
+    assert result.token_ids == tokens and len(tokens) <= 201
+    assert result.text == text and result.finish_reason == "stop"
     (unstopped,) = engine.generate([GenerationRequest(1, tuple(prompt), SamplingParams(240, 0.0, stop=(absent,)))])
     assert unstopped.token_ids == natural and unstopped.finish_reason == "length"
     assert unstopped.text == IdTokenizer().decode(natural)

@@ -272,8 +272,12 @@ def test_retry_right_after_cancel_says_what_it_did(queued_env, tiny_pair, tmp_pa
     assert job_status(env, job_id)["state"] == "queued"
     assert redis.Redis.from_url(env["SPECQ_BROKER_URL"]).llen(CHUNK_QUEUE_KEY) == 2
 
-    result = invoke(["retry", job_id], env)  # nothing failed or cancelled now: the chunks are sent again
-    assert result.exit_code == 0 and "0 requests requeued" in result.stderr
+    result = invoke(["retry", job_id], env)  # nothing failed or cancelled now: nothing is sent again
+    assert result.exit_code == 2
+    assert one_error_line(result.stderr) == (
+        f"Error: job {job_id} (queued) has no failed or cancelled requests; nothing was requeued"
+    )
+    assert redis.Redis.from_url(env["SPECQ_BROKER_URL"]).llen(CHUNK_QUEUE_KEY) == 2
 
 
 def test_retry_of_a_job_with_nothing_to_retry(finished_job) -> None:

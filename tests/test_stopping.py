@@ -43,6 +43,8 @@ class _WholeTextStops:
             if len(prefix) <= min(hits) and text.startswith(prefix):
                 break
             keep -= 1
+        if len(self._decode(self.tokens[:keep])) < min(hits):
+            keep += 1  # the token the stop string begins in
         return self.tokens[:keep]
 
 
@@ -106,9 +108,10 @@ def test_a_stop_string_spanning_tokens_and_steps():
             checker = StopChecker(tokenizer, (stop,))
             results = [checker.feed(s) for s in steps]
             cut = next(r for r in results if r is not None)
-            # the completion ends at the token boundary at or before the stop string
+            # the text ends where the stop string begins; the tokens are those whose text begins before
+            assert checker.cut_text == text[: text.index(stop)]
             kept = tokenizer.decode(cut)
-            assert len(kept) <= text.index(stop) < len(kept) + len(tokenizer.decode(tokens[len(cut) : len(cut) + 1]))
+            assert len(tokenizer.decode(cut[:-1])) < text.index(stop) <= len(kept)
 
 
 @pytest.mark.parametrize("seed", range(20))

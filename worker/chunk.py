@@ -30,6 +30,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from specq.db.locks import lock_job
 from specq.db.models import Job, Worker
+from specq.db.session import identity
 from specq.db.states import NOT_CLAIMABLE, JobState, WorkerState
 from specq.db.types import utcnow
 from specq.decoding.config import DecodingConfig
@@ -94,18 +95,37 @@ class _Unfinished:
 
 
 def _prepare(
-    pair: ModelPair, claimed: list[ClaimedRequest], settings: dict[str, Any]
+    ctx: WorkerContext, pair: ModelPair, claimed: list[ClaimedRequest], settings: dict[str, Any]
 ) -> tuple[list[_Prepared], list[GenerationResult]]:
-    """Tokenize (with the job's chat template, if it has one) and resolve sampling settings over the job's;
-    a request that cannot be prepared fails alone."""
+    """Resolve sampling settings over the job's and take the prompt's token ids; a request that cannot
+    be prepared fails alone.
+
+    Chat lines come rendered (at submit, `jobs.chat_template`): no template runs here. Only the chat
+    lines of a job stored before that are rendered, under the bounds of `jobs.chat_render`, and each is
+    counted started first, so a rendering that kills this worker counts against the line's attempts."""
+    from specq.models.loading import has_chat_template
+
     ready, failed = [], []
-    defaults, chat_template = settings.get("sampling", {}), settings.get("chat_template")
-    for request in claimed:
-        prepared = engine_request(request.id, request, pair.tokenizer, defaults, chat_template)
-        if isinstance(prepared, GenerationResult):
-            failed.append(prepared)
-        else:
-            ready.append(_Prepared(request, prepared))
+    defaults, template = settings.get("sampling", {}), settings.get("chat_template")
+    unrendered = [r.id for r in claimed if r.messages is not None and r.prompt_token_ids is None]
+    chat = None
+    if unrendered and (template is not None or has_chat_template(pair.tokenizer)):
+        from specq.jobs.chat_render import ChatTokens
+
+        with ctx.db.session() as session:
+            mark_started(session, unrendered, ctx.config.name)
+        ctx.started.update(unrendered)
+        chat = ChatTokens(pair.tokenizer, template)
+    try:
+        for request in claimed:
+            prepared = engine_request(request.id, request, pair.tokenizer, defaults, chat)
+            if isinstance(prepared, GenerationResult):
+                failed.append(prepared)
+            else:
+                ready.append(_Prepared(request, prepared))
+    finally:
+        if chat is not None:
+            chat.close()
     return ready, failed
 
 
@@ -224,7 +244,7 @@ class _Writer:
 
     def __init__(self, ctx: WorkerContext, job: Job) -> None:
         self.ctx, self.job_id = ctx, job.id
-        self.model = served_model_name(job.target, job.settings)  # the metrics' model_name
+        self.model = served_model_name(job.target, job.served_model_name)  # the metrics' model_name
         self.enqueued_at = job.enqueued_at or job.created_at
         self.buffer: list[GenerationResult] = []
         self.last_flush = time.monotonic()
@@ -412,7 +432,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
     if ctx.metrics is not None:
         ctx.metrics.set_compiled(writer.model, ctx.config.device, pair.compiled, pair.warm_up_s)
     _record_compiled(ctx, pair.compile_report())
-    ready, failed = _prepare(pair, triage.runnable, job.settings)
+    ready, failed = _prepare(ctx, pair, triage.runnable, job.settings)
     for result in failed:
         writer.add(result)
     injected = faults.installed()  # once per chunk, not per request
@@ -447,7 +467,7 @@ def _give_back(ctx: WorkerContext, chunk: Chunk, request_ids: list[int], unstart
             if released and ctx.config.broker is not None:
                 from specq.jobs.enqueue import enqueue_chunks
 
-                enqueue_chunks(ctx.config.broker, [chunk])
+                enqueue_chunks(ctx.config.broker, [chunk], identity(ctx.db))
     except Exception as exc:
         log.warning(
             "could not give back %d requests of job %s (%s); their leases will expire", len(request_ids), chunk[0], exc

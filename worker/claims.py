@@ -202,7 +202,9 @@ def requeue_expired(session: Session) -> list[Chunk]:
     """Put requests whose lease expired back in the queue; returns the chunks to enqueue again.
 
     A request whose starts reached its job's `max_attempts` is failed instead, with the reason, in the
-    same transaction (its job may end with it). Chunks are (job_id, first, end) as `jobs.enqueue` sends
+    same transaction (its job may end with it). A request of a job that was cancelled (or expired)
+    meanwhile ends as its job did, `cancelled` (or `expired`), never queued: nothing claims under such a
+    job, and `retry` requeues exactly those. Chunks are (job_id, first, end) as `jobs.enqueue` sends
     them; the caller enqueues them before it commits, so a failed enqueue leaves the leases expired for
     the next sweep.
     """
@@ -214,22 +216,32 @@ def requeue_expired(session: Session) -> list[Chunk]:
     ).all()
     if not expired:
         return []
-    limits = {
-        job_id: max_attempts(settings)
-        for job_id, settings in session.execute(
-            select(Job.id, Job.settings).where(Job.id.in_({row.job_id for row in expired}))
+    jobs = {
+        job_id: (max_attempts(settings), state)
+        for job_id, settings, state in session.execute(
+            select(Job.id, Job.settings, Job.state).where(Job.id.in_({row.job_id for row in expired}))
         )
     }
-    session.execute(
-        update(Request)
-        .where(Request.id.in_([row.id for row in expired]))
-        .values(state=RequestState.QUEUED, lease_owner=None, lease_expires_at=None)
-        .execution_options(synchronize_session=False)
-    )
+    # the request's next state: as its job ended, else queued
+    ends_as = {JobState.CANCELLED: RequestState.CANCELLED, JobState.EXPIRED: RequestState.EXPIRED}
+    by_state: dict[RequestState, list[int]] = {}
+    for row in expired:
+        by_state.setdefault(ends_as.get(jobs[row.job_id][1], RequestState.QUEUED), []).append(row.id)
+    requeued = set(by_state.get(RequestState.QUEUED, []))
+    for state, ids in by_state.items():
+        if ids:
+            session.execute(
+                update(Request)
+                .where(Request.id.in_(ids))
+                .values(state=state, lease_owner=None, lease_expires_at=None)
+                .execution_options(synchronize_session=False)
+            )
     seqs: dict[str, set[int]] = {}
     exhausted: dict[str, list[GenerationResult]] = {}
     for row in expired:
-        if row.starts >= limits[row.job_id]:
+        if row.id not in requeued:
+            continue
+        if row.starts >= jobs[row.job_id][0]:
             exhausted.setdefault(row.job_id, []).append(exhausted_result(row.id, row.starts, row.lease_owner))
         else:
             seqs.setdefault(row.job_id, set()).add(row.seq)

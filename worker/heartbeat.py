@@ -21,6 +21,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
 from specq.db.models import Worker
+from specq.db.session import identity
 from specq.db.states import WorkerState
 from specq.db.types import utcnow
 from specq.errors import SpecqError
@@ -145,8 +146,8 @@ class Heartbeat:
                     keep = ids - shared.holding
                     if keep:
                         released += release_claimed(session, sorted(keep), [], ctx.config.name)
-                if released and self.broker is not None:
-                    enqueue_chunks(self.broker, list(abandoned))  # before the commit, as the sweeper does
+                if released and self.broker is not None:  # enqueued before the commit, as the sweeper does
+                    enqueue_chunks(self.broker, list(abandoned), identity(ctx.db))
             for chunk in abandoned:
                 shared.abandoned.pop(chunk, None)
         if released:
@@ -171,12 +172,12 @@ class Heartbeat:
             chunks = requeue_expired(session)
             if chunks:
                 # before the commit: if the broker fails, the leases stay expired for the next sweep
-                enqueue_chunks(self.broker, chunks)
+                enqueue_chunks(self.broker, chunks, identity(self.ctx.db))
                 log.warning("requeued %d chunks whose worker stopped answering", len(chunks))
         with self.ctx.db.session() as session:
             lost = lost_chunks(session, self._broker_client(), self.ctx.config.queue.lost_after)
             if lost:
-                enqueue_chunks(self.broker, lost)
+                enqueue_chunks(self.broker, lost, identity(self.ctx.db))
                 log.warning("enqueued %d chunks again whose message the broker lost", len(lost))
         return len(chunks) + len(lost)
 

@@ -32,7 +32,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     PLATFORM_COLLECTOR,
@@ -62,10 +62,10 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 
 CHUNK_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 
 
-def served_model_name(target: str, settings: dict[str, Any] | None = None) -> str:
-    """The name a job's model is reported under: its served name, else the target's id; a local folder
-    is reported by its own name, so no path of this machine reaches a metrics page."""
-    served = (settings or {}).get("served_model_name")
+def served_model_name(target: str, served: str | None = None) -> str:
+    """The name a job's model is reported under: its served name (`--served-model-name`, stored with
+    the job), else the target's id; a local folder is reported by its own name, so no path of this
+    machine reaches a metrics page."""
     if served:
         return str(served)
     if os.path.isabs(target) or target.startswith(("./", "../", "~")) or Path(target).exists():

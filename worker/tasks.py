@@ -6,6 +6,7 @@ import logging
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from specq.db.session import identity
 from specq.queue import PROCESS_CHUNK_TASK
 from specq.worker.app import app
 from specq.worker.chunk import run_chunk_patiently
@@ -26,10 +27,24 @@ log = logging.getLogger(__name__)
     retry_backoff_max=300,
     max_retries=15,
 )
-def process_chunk(job_id: str, first: int, end: int) -> dict[str, int]:
-    """Run the requests of job `job_id` at positions [first, end) that are still to do."""
+def process_chunk(job_id: str, first: int, end: int, database: str | None = None) -> dict[str, int]:
+    """Run the requests of job `job_id` at positions [first, end) that are still to do.
+
+    `database`: the identity of the job's database (`db.session.identity`; absent from older messages).
+    A worker pointed at another database would find no job there and drop the chunk as one deleted;
+    instead it gives the chunk back to the queue and stops taking work (exit 4), saying why."""
     ctx = get_context()
-    counts = run_chunk_patiently(ctx, job_id, first, end)
+    if database is not None and database != identity(ctx.db):
+        from specq.jobs.enqueue import enqueue_chunks
+
+        assert ctx.config.broker is not None
+        enqueue_chunks(ctx.config.broker, [(job_id, first, end)], database)
+        ctx.shared.unusable = (
+            f"job {job_id} is in another database than this worker's ({ctx.db.url}): check SPECQ_DATABASE_URL"
+        )
+        counts = {"claimed": 0, "written": 0, "cancelled": 0, "released": 0}
+    else:
+        counts = run_chunk_patiently(ctx, job_id, first, end)
     log.info("job %s chunk [%d, %d): %s", job_id, first, end, counts)
     if ctx.shared.unusable:
         # the chunk went back to the queue; this worker takes no other: Celery's own warm shutdown,
