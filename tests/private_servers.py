@@ -34,7 +34,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class PrivateRedis:
+class _Server:
+    """What a drill does to a server: stop it for a while, or restart it."""
+
+    def up(self) -> bool:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def stopped(self) -> Iterator[None]:
+        """Stopped for the block, started again after it whatever happens."""
+        try:
+            self.stop()
+            yield
+        finally:
+            if not self.up():
+                self.start()
+
+    def restart(self, down_s: float = 0.5) -> float:
+        """Stop it, wait `down_s`, start it again; the seconds it was down."""
+        down = time.monotonic()
+        try:
+            self.stop()
+            down = time.monotonic()
+            time.sleep(down_s)
+        finally:
+            if not self.up():
+                self.start()
+        return time.monotonic() - down
+
+
+class PrivateRedis(_Server):
     """A `redis-server` on a port of its own that keeps nothing on disk: a restart loses every key."""
 
     def __init__(self, root: Path) -> None:
@@ -74,19 +109,6 @@ class PrivateRedis:
             subprocess.run(["redis-cli", "-p", str(self.port), "shutdown", "nosave"], capture_output=True, timeout=30)
             wait_for(lambda: not self.up(), 10, "the private Redis to stop")
 
-    def restart(self, down_s: float = 0.5) -> float:
-        """Stop it (nothing saved: every queued message is gone) and start it again; the seconds it was
-        down."""
-        down = time.monotonic()
-        try:
-            self.stop()
-            down = time.monotonic()
-            time.sleep(down_s)
-        finally:
-            if not self.up():
-                self.start()
-        return time.monotonic() - down
-
 
 def _postgres_bindir() -> Path:
     pg_config = shutil.which("pg_config")
@@ -103,7 +125,7 @@ def _postgres_bindir() -> Path:
     raise FileNotFoundError("PostgreSQL's initdb is not installed")
 
 
-class PrivatePostgres:
+class PrivatePostgres(_Server):
     """A PostgreSQL cluster made with `initdb` in a folder of its own, run by `pg_ctl` on its own port
     (TCP on 127.0.0.1 only, trust auth for the `postgres` role)."""
 
@@ -152,28 +174,6 @@ class PrivatePostgres:
         if (self.data / "postmaster.pid").exists():
             self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
         wait_for(lambda: not self.up(), 30, "the private PostgreSQL to stop")
-
-    @contextmanager
-    def stopped(self) -> Iterator[None]:
-        """Stopped for the block, started again after it whatever happens."""
-        try:
-            self.stop()
-            yield
-        finally:
-            if not self.up():
-                self.start()
-
-    def restart(self, down_s: float = 1.0) -> float:
-        """Stop it, wait `down_s`, start it again; the seconds it was down."""
-        down = time.monotonic()
-        try:
-            self.stop()
-            down = time.monotonic()
-            time.sleep(down_s)
-        finally:
-            if not self.up():
-                self.start()
-        return time.monotonic() - down
 
     def remove(self) -> None:
         try:
