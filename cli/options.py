@@ -124,7 +124,8 @@ _OPTIONS = [
     click.option(
         "--draft",
         envvar="SPECQ_DRAFT",
-        help="Draft model sharing the target's tokenizer (as --target takes it), or a model-free proposer: 'ngram' (prompt lookup) or "
+        help="Draft model sharing the target's tokenizer (as --target takes it), or a model-free proposer: "
+        "'ngram' (prompt lookup) or "
         "'suffix' (the job's suffix index plus prompt lookup); absent: plain decoding with the target. "
         "[env: SPECQ_DRAFT]",
     ),
