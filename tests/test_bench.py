@@ -411,9 +411,20 @@ def test_the_draft_axis_runs_transformers_beside_specq_and_a_target_alone_skips_
 
     pair = load_pair(tiny_pair[0], None, "cpu", None)
     drafts = ("ngram", "hybrid", "hf_generate", "hf_prompt_lookup")
-    settings = {"num_prompts": 2, "prompt_chars": 64, "max_tokens": 8, "temperature": 0.0, "seed": 0}
     results = run_draft_axis(
-        pair.target, None, pair.tokenizer, ["grounded"], drafts, [1, 2], warmup=0, repeats=1, **settings
+        pair.target,
+        None,
+        pair.tokenizer,
+        ["grounded"],
+        drafts,
+        [1, 2],
+        num_prompts=2,
+        prompt_chars=64,
+        max_tokens=8,
+        temperature=0.0,
+        seed=0,
+        warmup=0,
+        repeats=1,
     )
     contenders = {row["batch_size"]: list(row["contenders"]) for row in results["rows"]}
     # no draft: no hybrid; transformers' prompt lookup decodes one prompt at a time only
