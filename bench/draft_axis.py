@@ -7,7 +7,12 @@ sampled alike for every contender:
     draft         the draft model, adaptive k;
     ngram         prompt lookup, adaptive k (decoding/model_free.py);
     suffix        the job's suffix index plus prompt lookup, adaptive k;
-    hybrid        the draft model and the suffix index (plus prompt lookup), row by row in one verify pass.
+    hybrid        the draft model and the suffix index (plus prompt lookup), row by row in one verify pass;
+    hf_generate   transformers' batched `generate`, the target alone (left-padded static batches);
+    hf_prompt_lookup  transformers' prompt lookup (`generate(prompt_lookup_num_tokens=...)`), batch 1 only,
+                  the one batch size it decodes.
+
+The draft model's contenders run only where a draft is given.
 
 Each contender is warmed up once (its adaptive-k policy keeps what the warm-up measured), then the
 timed passes take turns, as in bench/runner.py. Each pass starts from an EMPTY suffix index: the
@@ -23,8 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from specq.bench import hf_baselines
 from specq.bench.runner import (
     Run,
+    _BaselineContender,
     _collect,
     _Contender,
     _measure,
@@ -33,7 +40,7 @@ from specq.bench.runner import (
     paired_ratio,
     paired_ratios,
 )
-from specq.bench.workloads import workload_prompts
+from specq.bench.workloads import workload_token_ids
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.config import ModelFree
 from specq.decoding.k_policy import SpeculationPolicy
@@ -46,7 +53,7 @@ from specq.errors import SpecqError
 # and the demo pair's loops run up to a few tokens ("**kw, **kw, ...", "_data_data_...")
 _MIN_LOOP_TOKENS = 8
 _MAX_LOOP_PERIOD = 8
-# contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer)
+# contender (specq.limits.BENCH_DRAFTS) -> (uses the draft model, model-free proposer); the HF ones apart
 DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
     "target_only": (False, None),
     "draft": (True, None),
@@ -54,6 +61,9 @@ DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
     "suffix": (False, "suffix"),
     "hybrid": (True, "suffix"),
 }
+HF_CONTENDERS = ("hf_generate", "hf_prompt_lookup")
+# transformers' own default for prompt lookup's candidates a step (its documentation's example uses 10)
+HF_PROMPT_LOOKUP_TOKENS = 10
 
 
 class _FreshIndexContender(_Contender):
@@ -126,16 +136,14 @@ def run_draft_axis(
     """Every contender of `drafts` (keys of DRAFTS; target_only always) on every workload and batch size;
     with `drop_loops`, on the prompts whose target-only greedy completion does not loop (`_without_loops`)."""
     from specq.bench.runner import BenchSettings
-    from specq.models.loading import tokenize_prompt
 
-    names = ["target_only", *[d for d in drafts if d != "target_only"]]
+    names = ["target_only", *[d for d in drafts if d != "target_only" and (draft is not None or not _uses_draft(d))]]
     settings = BenchSettings(batch_sizes=tuple(batch_sizes), warmup=warmup, repeats=repeats)
     rows: list[dict[str, Any]] = []
     prompt_counts: dict[str, int] = {}
     dropped: dict[str, int] = {}
     for workload in workloads:
-        texts = workload_prompts(workload, num_prompts, prompt_chars)
-        prompts = [tokenize_prompt(tokenizer, prompt=text) for text in texts]
+        prompts = workload_token_ids(tokenizer, workload, num_prompts, prompt_chars)
         prompt_counts[workload] = sum(map(len, prompts))
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         requests = [GenerationRequest(i, tuple(p), replace(params, seed=seed + i)) for i, p in enumerate(prompts)]
@@ -153,6 +161,10 @@ def run_draft_axis(
         for b in batch_sizes:
             contenders: list[_Contender] = []
             for name in names:
+                if name in HF_CONTENDERS:
+                    if name == "hf_generate" or b == 1:
+                        contenders.append(_hf_contender(name, b, target, tokenizer, requests))
+                    continue
                 uses_draft, model_free = DRAFTS[name]
                 config = DecodingConfig(batch_size=b, model_free=model_free, **k_option)
 
@@ -167,12 +179,34 @@ def run_draft_axis(
                     )
 
                 contenders.append(_FreshIndexContender(Run(name, b), make_engine, requests))
-            progress(f"{workload} B={b}: {', '.join(names)}")
+            progress(f"{workload} B={b}: {', '.join(c.run.name for c in contenders)}")
             _measure(contenders, settings)
             runs = {c.run.name: c.run for c in contenders}
             rows.append(_row(workload, b, runs, compare=params.greedy))
             progress(_summary(rows[-1]))
     return {"rows": rows, "prompt_tokens": prompt_counts, **({"dropped_loops": dropped} if drop_loops else {})}
+
+
+def _uses_draft(name: str) -> bool:
+    return name in DRAFTS and DRAFTS[name][0]
+
+
+def _hf_contender(name: str, batch_size: int, target, tokenizer, requests: list[GenerationRequest]) -> _Contender:
+    """transformers' batched `generate` or its prompt lookup (batch 1) on the same token ids, greedy or
+    sampled as the engine's requests are."""
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    params = requests[0].params
+    pad = getattr(tokenizer, "pad_token_id", None)
+    config = hf_baselines.generation_config(params, pad if isinstance(pad, int) else min(eos, default=0), eos)
+    prompts = [r.prompt_token_ids for r in requests]
+    if name == "hf_generate":
+        return _BaselineContender(
+            Run(name, batch_size), lambda: hf_baselines.batched_generate(target, prompts, batch_size, config, eos)
+        )
+    return _BaselineContender(
+        Run(name, batch_size),
+        lambda: hf_baselines.prompt_lookup_generate(target, prompts, config, eos, HF_PROMPT_LOOKUP_TOKENS),
+    )
 
 
 def _without_loops(target, tokenizer, requests: list[GenerationRequest], batch_size: int) -> list[GenerationRequest]:

@@ -1,4 +1,4 @@
-"""The Hugging Face baselines of `specq bench`: batched `generate` and assisted generation.
+"""The Hugging Face baselines of `specq bench`: batched `generate`, assisted generation and prompt lookup.
 
 Both take the very token ids the engine gets (no second tokenization) and count tokens the way the
 engine does: a completion is the generated tokens up to, not including, the first EOS. HF pads a
@@ -114,6 +114,33 @@ def assisted_generate(
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=config,
                 assistant_model=draft,
+            )  # [1, prompt + new]
+            outputs[i] = completion_tokens(sequence[0, len(prompt) :].tolist(), eos_token_ids)
+    return BaselineRun(outputs, time.perf_counter() - started)
+
+
+def prompt_lookup_generate(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    config: GenerationConfig,
+    eos_token_ids: Collection[int],
+    lookup_tokens: int,
+) -> BaselineRun:
+    """HF prompt lookup decoding (`generate(prompt_lookup_num_tokens=N)`: candidates copied from the
+    prompt's own n-grams, verified by the target), one prompt at a time (its only batch size)."""
+    import torch
+
+    device = next(model.parameters()).device
+    outputs: dict[int, list[int]] = {}
+    started = time.perf_counter()
+    with torch.inference_mode(), _quiet_transformers():
+        for i, prompt in enumerate(prompts):
+            input_ids = torch.tensor([list(prompt)], device=device)  # [1, prompt]
+            sequence = model.generate(  # type: ignore[operator]
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=config,
+                prompt_lookup_num_tokens=lookup_tokens,
             )  # [1, prompt + new]
             outputs[i] = completion_tokens(sequence[0, len(prompt) :].tolist(), eos_token_ids)
     return BaselineRun(outputs, time.perf_counter() - started)

@@ -494,10 +494,10 @@ def load_bench_pair(
     threads: int | None,
     progress: Callable[[str], None],
     compile: str = "off",
-) -> tuple[Any, str, str, str]:
-    """(pair, device, target, draft) for a benchmark: target and draft None mean the demo pair (built on
-    first use); `device` None: cuda if available, else cpu; `threads`: torch's intra-op threads. A pair
-    that cannot be loaded raises SpecqError."""
+) -> tuple[Any, str, str, str | None]:
+    """(pair, device, target, draft) for a benchmark: target None means the demo pair (built on first
+    use), a target without a draft the target alone; `device` None: cuda if available, else cpu;
+    `threads`: torch's intra-op threads. A pair that cannot be loaded raises SpecqError."""
     from specq.errors import SpecqError
     from specq.models.loading import load_pair
 
@@ -505,7 +505,7 @@ def load_bench_pair(
         torch.set_num_threads(threads)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        if target is None or draft is None:
+        if target is None:
             from specq.models.demo import build_demo_models
 
             progress("using the demo pair (building it on first use takes a few minutes)")

@@ -44,8 +44,15 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
 
 
 @cli.command("bench")
-@click.option("--target", envvar="SPECQ_TARGET", help="Target model (HF id or folder). Default: the demo pair.")
-@click.option("--draft", envvar="SPECQ_DRAFT", help="Draft model (HF id or folder). Default: the demo pair.")
+@click.option(
+    "--target", envvar="SPECQ_TARGET", help="Target model (HF id, folder or GGUF file). Default: the demo pair."
+)
+@click.option(
+    "--draft",
+    envvar="SPECQ_DRAFT",
+    help="Draft model (HF id, folder or GGUF file). Default: the demo pair's; with --workloads and a --target, "
+    "none (the draft model's contenders are left out).",
+)
 @click.option(
     "--batch-sizes",
     default="1,4,16",
@@ -110,7 +117,8 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     show_default=True,
     callback=_choices(BENCH_DRAFTS),
     help="With --workloads: the contenders (the draft axis): target-only, the draft model, prompt lookup, "
-    "the suffix index, and the hybrid of the draft model with the suffix index.",
+    "the suffix index, the hybrid of the draft model with the suffix index, transformers' batched generate "
+    "and its prompt lookup (batch 1 only).",
 )
 @click.option(
     "--drop-loops",
@@ -160,8 +168,10 @@ def bench(
     measured draft/target cost ratio, the Leviathan bound and the limit these forward times allow, and
     each model's batch-1 forward time over its memory-bandwidth floor.
     """
-    if (target is None) != (draft is None):
-        raise click.UsageError("give both --target and --draft, or neither (the demo pair)")
+    if target is None and draft is not None:
+        raise click.UsageError("--draft needs --target (neither: the demo pair)")
+    if target is not None and draft is None and not workloads:
+        raise click.UsageError("the comparison with HF needs --draft too; --workloads takes a target alone")
     if drop_loops and not workloads:
         raise click.UsageError("--drop-loops applies to the draft axis: give --workloads too")
     from specq.bench import report, runner

@@ -117,12 +117,14 @@ _OPTIONS = [
         "--target",
         envvar="SPECQ_TARGET",
         callback=lambda ctx, param, value: _required_target(ctx, param, value),
-        help="Target model: a Hugging Face id or a local folder. [env: SPECQ_TARGET; required]",
+        help="Target model: a Hugging Face id, a local folder, or a GGUF file (or a folder holding one; needs the "
+        "gguf extra). [env: SPECQ_TARGET; required]",
     ),
     click.option(
         "--draft",
         envvar="SPECQ_DRAFT",
-        help="Draft model sharing the target's tokenizer, or a model-free proposer: 'ngram' (prompt lookup) or "
+        help="Draft model sharing the target's tokenizer (as --target takes it), or a model-free proposer: "
+        "'ngram' (prompt lookup) or "
         "'suffix' (the job's suffix index plus prompt lookup); absent: plain decoding with the target. "
         "[env: SPECQ_DRAFT]",
     ),

@@ -7,9 +7,9 @@ Importing transformers (and torch with it) to load two tokenizers costs 3-5 s, m
 submit costs. So the check runs in a child process while the file is read, and a pair of local folders
 that passed is remembered in specq's data directory: the next submit of the same folders skips the
 check. A folder is known by its resolved path and the name, size and modification time of each file in
-it, so a folder whose files changed is checked again, as is every pair after an upgrade of transformers
-or tokenizers or a change of what the check checks. Hub ids are checked every time (what they resolve
-to can change upstream).
+it (a GGUF file by its own), so a folder whose files changed is checked again, as is every pair after
+an upgrade of transformers or tokenizers or a change of what the check checks. Hub ids are checked
+every time (what they resolve to can change upstream).
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ def check_models(target: str, draft: str | None) -> bool:
 
 # -- pairs that passed ----------------------------------------------------------------------------------
 def _folder_identity(name: str) -> list | None:
-    """What a local model folder is, as far as the check is concerned; None for a hub id."""
+    """What a local model folder (or GGUF file) is, as far as the check is concerned; None for a hub id."""
     path = Path(name)
+    if path.is_file():
+        stat = path.stat()
+        return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
     if not path.is_dir():
         return None
     files = []

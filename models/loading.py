@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from specq.errors import ModelLoadError
+from specq.models import gguf
 from specq.models.families import attention_implementation, why_unsupported
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     # Hugging Face errors run to several lines with hub advice; the first line says what went wrong.
     lines = str(exc).strip().splitlines()
     first = lines[0].strip() if lines else ""
@@ -79,27 +80,31 @@ def check_location(name_or_path: str) -> None:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of a Hugging Face id or local folder; ModelLoadError if it cannot be loaded."""
+    """The tokenizer of a Hugging Face id, a local folder or a GGUF file; ModelLoadError if it cannot be
+    loaded."""
     from transformers import AutoTokenizer
 
     check_location(name_or_path)
     logger.info("loading tokenizer %s", name_or_path)
+    folder = gguf.resolve(name_or_path)
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(folder)
     # from_pretrained fails in many ways (OSError, ValueError, KeyError, JSON errors); all mean the same.
     except Exception as exc:
-        raise ModelLoadError(f"cannot load the tokenizer of {name_or_path!r} ({_reason(exc)})") from exc
+        raise ModelLoadError(f"cannot load the tokenizer of {name_or_path!r} ({reason(exc)})") from exc
 
 
 def load_config(name_or_path: str) -> Any:
-    """The model config of a Hugging Face id or local folder; ModelLoadError if it cannot be loaded."""
+    """The model config of a Hugging Face id, a local folder or a GGUF file; ModelLoadError if it cannot
+    be loaded."""
     from transformers import AutoConfig
 
     check_location(name_or_path)
+    folder = gguf.resolve(name_or_path)
     try:
-        return AutoConfig.from_pretrained(name_or_path)
+        return AutoConfig.from_pretrained(folder)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load the model config of {name_or_path!r} ({_reason(exc)})") from exc
+        raise ModelLoadError(f"cannot load the model config of {name_or_path!r} ({reason(exc)})") from exc
 
 
 def check_supported(name_or_path: str, config: Any) -> None:
@@ -117,6 +122,7 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None)
 
     config = load_config(name_or_path)
     check_supported(name_or_path, config)
+    folder = gguf.resolve(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
     # transformers' own per-tensor bar would interleave with specq's progress bar on stderr
@@ -126,11 +132,11 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None)
         # transformers 5 takes `dtype=`; `torch_dtype=` is deprecated there.
         # Any: mypy cannot follow the decorator transformers wraps `to` in.
         model: Any = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=torch_dtype, attn_implementation=attention_implementation(config)
+            folder, dtype=torch_dtype, attn_implementation=attention_implementation(config)
         )
         model = model.to(device)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load the model {name_or_path!r} ({_reason(exc)})") from exc
+        raise ModelLoadError(f"cannot load the model {name_or_path!r} ({reason(exc)})") from exc
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()

@@ -72,8 +72,9 @@ INPUT_BYTES = Limit(1, 1 << 60, description="the largest input file read")
 TOKEN_ID = Limit(0, 2**31 - 1, description="a token id; the vocabulary's size is checked per request later")
 
 # `specq bench --workloads W --drafts D` (bench/workloads.py, bench/draft_axis.py)
-BENCH_WORKLOADS = ("continuation", "grounded", "templated")
-BENCH_DRAFTS = ("target_only", "draft", "ngram", "suffix", "hybrid")
+BENCH_CHAT_WORKLOADS = ("code-edit", "extract", "summarize", "qa")  # chat turns, for an instruct target
+BENCH_WORKLOADS = ("continuation", "grounded", "templated", *BENCH_CHAT_WORKLOADS)
+BENCH_DRAFTS = ("target_only", "draft", "ngram", "suffix", "hybrid", "hf_generate", "hf_prompt_lookup")
 
 # Chat templates are user-controlled code (jobs/chat_render.py): `--chat-template` is read up to this size
 # (the largest templates on the Hub are about 20 KiB), and each rendering runs in a child process under a

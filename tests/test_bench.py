@@ -418,3 +418,44 @@ def test_drop_loops_without_workloads_is_a_usage_error():
     result = CliRunner().invoke(cli, ["bench", "--drop-loops"])
     assert result.exit_code == 2, result.output
     assert "--workloads" in result.output
+
+
+def test_the_chat_workloads_give_distinct_turns_built_on_the_standard_library():
+    from specq.bench.workloads import CHAT_WORKLOADS, workload_prompts
+
+    for name in CHAT_WORKLOADS:
+        turns = workload_prompts(name, 16, 0)
+        assert len(set(turns)) == 16 and turns == workload_prompts(name, 16, 0), name
+    assert all("```python\ndef " in turn for turn in workload_prompts("code-edit", 16, 0))
+    with pytest.raises(ValueError, match="distinct prompts"):
+        workload_prompts("extract", 100_000, 0)
+
+
+def test_the_draft_axis_runs_transformers_beside_specq_and_a_target_alone_skips_the_draft(tiny_pair):
+    from specq.bench.draft_axis import run_draft_axis
+    from specq.models.loading import load_pair
+
+    pair = load_pair(tiny_pair[0], None, "cpu", None)
+    drafts = ("ngram", "hybrid", "hf_generate", "hf_prompt_lookup")
+    results = run_draft_axis(
+        pair.target,
+        None,
+        pair.tokenizer,
+        ["grounded"],
+        drafts,
+        [1, 2],
+        num_prompts=2,
+        prompt_chars=64,
+        max_tokens=8,
+        temperature=0.0,
+        seed=0,
+        warmup=0,
+        repeats=1,
+    )
+    contenders = {row["batch_size"]: list(row["contenders"]) for row in results["rows"]}
+    # no draft: no hybrid; transformers' prompt lookup decodes one prompt at a time only
+    assert contenders == {
+        1: ["target_only", "ngram", "hf_generate", "hf_prompt_lookup"],
+        2: ["target_only", "ngram", "hf_generate"],
+    }
+    assert all(row["same_output_all"] for row in results["rows"]), results["rows"]

@@ -17,7 +17,6 @@ Transformers via Speculative Decoding"):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from specq.models.demo.training import (
     train_models,
     train_tokenizer,
 )
-from specq.paths import data_dir
+from specq.paths import data_dir, file_lock
 
 if TYPE_CHECKING:
     import torch
@@ -152,17 +151,6 @@ def _read_complete(path: Path, seed: int, recipe: Recipe) -> dict[str, Any] | No
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive fcntl lock on `path`, held for the block; other builders wait for it."""
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def _torch_threads(count: int) -> Iterator[None]:
     import torch
 
@@ -194,7 +182,7 @@ def build_demo_models(
     if report is not None:
         return DemoModels(final / "target", final / "draft", report)
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(final.parent / f".{final.name}.lock"):
+    with file_lock(final.parent / f".{final.name}.lock"):
         # Another process may have finished the same build while this one waited for the lock.
         report = None if force else _read_complete(final, seed, recipe)
         if report is not None:
