@@ -19,7 +19,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from specq.errors import ModelLoadError
+from specq.errors import ModelLoadError, reason
 from specq.paths import data_dir, file_lock
 
 logger = logging.getLogger(__name__)
@@ -114,8 +114,6 @@ def _convert(path: Path, into: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     from transformers.utils import logging as hf_logging
-
-    from specq.models.loading import reason
 
     logger.info("converting the GGUF file %s (once; later loads read the converted folder)", path)
     # transformers' own per-tensor bar would interleave with specq's progress bar on stderr

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from specq.errors import ModelLoadError
+from specq.errors import ModelLoadError, reason
 from specq.models import gguf
 from specq.models.families import attention_implementation, why_unsupported
 
@@ -53,14 +53,6 @@ def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def reason(exc: BaseException) -> str:
-    # Hugging Face errors run to several lines with hub advice; the first line says what went wrong.
-    lines = str(exc).strip().splitlines()
-    first = lines[0].strip() if lines else ""
-    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def check_location(name_or_path: str) -> None:
     """ModelLoadError, one line, when nothing exists at `name_or_path` and it cannot be a Hugging Face id
     either (a mistyped folder such as `./models/draft`): transformers would answer with hub advice about
@@ -84,9 +76,9 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     loaded."""
     from transformers import AutoTokenizer
 
+    folder = gguf.resolve(name_or_path)  # first: a missing .gguf file is named as one
     check_location(name_or_path)
     logger.info("loading tokenizer %s", name_or_path)
-    folder = gguf.resolve(name_or_path)
     try:
         return AutoTokenizer.from_pretrained(folder)
     # from_pretrained fails in many ways (OSError, ValueError, KeyError, JSON errors); all mean the same.
@@ -99,8 +91,8 @@ def load_config(name_or_path: str) -> Any:
     be loaded."""
     from transformers import AutoConfig
 
-    check_location(name_or_path)
     folder = gguf.resolve(name_or_path)
+    check_location(name_or_path)
     try:
         return AutoConfig.from_pretrained(folder)
     except Exception as exc:

@@ -65,3 +65,12 @@ class WorkerUnusableError(SpecqError):
     def __init__(self, message: str, exit_code: int) -> None:
         self.exit_code = exit_code
         super().__init__(message)
+
+
+def reason(exc: BaseException) -> str:
+    """An exception in one line: Hugging Face errors run to several lines with hub advice, and the first
+    line says what went wrong."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
