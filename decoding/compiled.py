@@ -371,7 +371,11 @@ def _cuda_graphs_wanted() -> bool:
 def _cache_compiled_artefacts() -> None:
     """Inductor's caches (and dynamo's record of which dimensions vary) in specq's data directory, a
     folder per torch version: a new torch starts afresh, and the old folder can be deleted whole."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # torch writes its own default into the environment the first time it looks: only a folder that
+    # someone else chose is kept
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
         from specq.paths import data_dir
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(data_dir() / "compiled" / f"torch-{torch.__version__}")

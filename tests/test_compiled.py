@@ -343,3 +343,47 @@ def test_a_workers_row_keeps_what_compile_did_with_its_models(pg_db_url, redis_u
     assert compile_summary(report) == "target 1.63x in 38s, draft eager, warm-up 56s"
     assert compile_summary({**report, "warm_up_s": 0.0}) == "target 1.63x in 38s, draft eager"
     assert compile_summary(None) == "-"
+
+
+# One process's compile with inductor (the backend whose code the on-disk caches keep): the counts of
+# graphs it compiled and of those whose code came from the FX graph cache, as JSON on stdout
+_COMPILE_IN_A_PROCESS = """
+import json
+from torch._dynamo.utils import counters
+from specq.decoding.compiled import compile_model
+from tests.tiny_models import tiny_llama
+
+_, outcome = compile_model(tiny_llama(vocab=64, layers=1, hidden=32, seed=3), "tiny", "on", backend="inductor")
+print(json.dumps({"graphs": outcome.graphs, "cached": outcome.cached_graphs,
+                  "misses": counters["inductor"]["fxgraph_cache_miss"], "measured": outcome.measured_s > 0}))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_takes_the_first_ones_compiled_graphs_from_the_cache(tmp_path) -> None:
+    """The first process on a machine generates every graph's code; a second compiles the same model
+    with every graph's code from the cache in specq's data directory (a folder per torch version), and
+    does not measure the model again. Counted by torch's own counters, not timed."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    env.update(SPECQ_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent.parent), env.get("PYTHONPATH")]))
+
+    def compile_in_a_process() -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", _COMPILE_IN_A_PROCESS], env=env, capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = compile_in_a_process()
+    assert first["graphs"] >= 1 and first["cached"] == 0 and first["misses"] >= 1 and first["measured"]
+    assert (tmp_path / "home" / "compiled" / f"torch-{torch.__version__}").is_dir()
+    second = compile_in_a_process()
+    assert second["graphs"] >= 1 and second["cached"] == second["graphs"] and second["misses"] == 0
+    assert not second["measured"]
