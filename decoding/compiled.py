@@ -79,13 +79,15 @@ class CompileOutcome:
     graphs: int = 0  # graphs compiled at load
     cached_graphs: int = 0  # of those, the graphs whose code came from inductor's on-disk cache
     measured_s: float = 0.0  # of `seconds`, measuring the speedup (a model's first compile on a machine)
+    measurement: str = ""  # the kept measurement: its median and spread (compile_speedups.SpeedupMeasurement)
 
     def summary(self) -> str:
         if not self.compiled:
             return f"eager ({self.reason})"
         measured = f", {self.measured_s:.1f}s of it measuring" if self.measured_s else ""
-        gain = "" if self.speedup is None else f"; a decode step {self.speedup:.2f}x eager's speed"
-        why = f" ({self.reason})" if self.reason else ""
+        # auto's reason quotes the measurement it followed
+        gain = f"; a decode step {self.measurement}" if self.measurement and not self.reason else ""
+        why = f"; {self.reason}" if self.reason else ""
         return (
             f"compiled {self.graphs} graphs in {self.seconds:.1f}s ({self.cached_graphs} from the cache{measured})"
             f"{gain}{why}"
@@ -172,6 +174,7 @@ def compile_model(
         graphs=graphs,
         cached_graphs=cached,
         measured_s=measured_s,
+        measurement="" if kept is None else kept.describe(),
     )
     log.info("%s: %s", name, outcome.summary())
     return compiled, outcome
@@ -208,29 +211,38 @@ _PROMPT = 6  # tokens of the check's longest prompt
 
 
 def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) -> str | None:
-    """Run `first`'s prefill and steps through both (each compiled step until it replays a recorded graph,
-    on the same inputs and cache columns each time); what differs, or None."""
+    """Run `first`'s forwards through both (each compiled step until it replays a recorded graph, on the
+    same inputs and cache columns each time); what differs, or None.
+
+    Each forward runs twice, at two lengths: a graph is specialised to the sizes it first sees and made
+    dynamic where they vary, so the second of each is the graph a job's prefills (any prompt length)
+    and steps (any cache length) then take. The first is compiled and dropped; a process after the first
+    (dynamo keeps on disk which sizes varied) compiles the dynamic graphs straight away."""
     outputs = []
     for calls, candidate in ((1, model), (_CHECKED_CALLS, compiled)):
         lm = RaggedLM(candidate, static=is_cuda_graphed(compiled))
-        cache = lm.new_cache(rows=first.rows, capacity=_PROMPT + 2 * max(first.widths))
+        cache = lm.new_cache(rows=first.rows, capacity=_PROMPT + 2 * sum(first.widths))
         generator = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, lm.vocab_size, (first.rows, _PROMPT), generator=generator).to(lm.device)
-        lengths = np.full(first.rows, _PROMPT)
-        lengths[1:] -= 1  # ragged where there are rows to be so: right-padded prompts
-        rows = np.arange(first.rows)
-        prefill, _ = lm.prefill_rows(cache, rows, prompts, lengths, lm.vocab_size, last_logits=first.last_logits)
-        got = [] if prefill is None else [prefill.float()]  # [rows, V]
-        start = _PROMPT  # past the longest prompt: every step attends to more columns than the last forward
+        got = []
+        for shorter in (2, 0):  # the second prefill writes the rows afresh, longer
+            lengths = np.full(first.rows, _PROMPT - shorter)
+            lengths[1:] -= 1  # ragged where there are rows to be so: right-padded prompts
+            logits, _ = lm.prefill_rows(
+                cache, np.arange(first.rows), prompts, lengths, lm.vocab_size, last_logits=first.last_logits
+            )
+            got += [] if logits is None else [logits.float()]  # [rows, V]
+        start = _PROMPT  # past the longest prompt: each step attends to more columns than the last forward
         for width in first.widths:
-            columns = start + torch.arange(width, device=lm.device).expand(first.rows, width).contiguous()  # [rows, w]
-            for _ in range(calls):  # each call writes the same keys and values into the same columns
-                step = lm.step(cache, prompts[:, :width], columns, start + width, lm.vocab_size)  # [rows, w, V]
-            got.append(step.float())
-            start += width
+            for _ in range(2):
+                columns = start + torch.arange(width, device=lm.device).expand(first.rows, width).contiguous()
+                for _ in range(calls):  # each call writes the same keys and values into the same columns
+                    step = lm.step(cache, prompts[:, :width], columns, start + width, lm.vocab_size)  # [rows, w, V]
+                got.append(step.float())
+                start += width
         outputs.append(got)
     tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    names = ["prefill"] * first.last_logits + [f"{width}-token step" for width in first.widths]
+    names = ["prefill"] * (2 * first.last_logits) + [f"{width}-token step" for width in first.widths for _ in "12"]
     for what, eager, mine in zip(names, *outputs, strict=True):
         gap = float((eager - mine).abs().max())
         if not gap <= tolerance:  # NaN too

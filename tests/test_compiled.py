@@ -185,6 +185,7 @@ def test_auto_on_a_cpu_follows_what_a_compile_here_measured_once(pair, monkeypat
     monkeypatch.setattr(compiled, "_measure_speedup", measuring(1.3, 1.2, 1.25))
     got, outcome = compile_model(model, "m", "on", backend="aot_eager")
     assert got is not model and outcome.compiled and outcome.speedup == 1.25 and outcome.measured_s > 0
+    assert "a decode step 1.25x eager's speed (1.23-1.27 over 3 rounds)" in outcome.summary()
     got, outcome = compile_model(model, "m", "auto", backend="aot_eager")  # what `on` measured counts
     assert got is not model and outcome.compiled and "1.25x eager's speed (1.23-1.27 over 3 rounds)" in outcome.reason
     other = tiny_llama(vocab=64, layers=2, hidden=32, seed=3)  # another config: measured apart
