@@ -214,27 +214,27 @@ def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) 
     """Run `first`'s forwards through both (each compiled step until it replays a recorded graph, on the
     same inputs and cache columns each time); what differs, or None.
 
-    Each forward runs twice, at two lengths: a graph is specialised to the sizes it first sees and made
-    dynamic where they vary, so the second of each is the graph a job's prefills (any prompt length)
-    and steps (any cache length) then take. The first is compiled and dropped; a process after the first
+    Each forward runs twice, at two prompt lengths, cache lengths and capacities: a graph is specialised
+    to the sizes it first sees and made dynamic where they vary, so the second of each is the graph a
+    job's prefills and steps then take. The first is compiled and dropped; a process after the first
     (dynamo keeps on disk which sizes varied) compiles the dynamic graphs straight away."""
     outputs = []
     for calls, candidate in ((1, model), (_CHECKED_CALLS, compiled)):
         lm = RaggedLM(candidate, static=is_cuda_graphed(compiled))
-        cache = lm.new_cache(rows=first.rows, capacity=_PROMPT + 2 * sum(first.widths))
         generator = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, lm.vocab_size, (first.rows, _PROMPT), generator=generator).to(lm.device)
         got = []
-        for shorter in (2, 0):  # the second prefill writes the rows afresh, longer
+        # twice, each time another prompt length, cache capacity and cache length: what a job varies
+        for shorter, room in ((2, 0), (0, 8)):
+            cache = lm.new_cache(rows=first.rows, capacity=_PROMPT + sum(first.widths) + room)
             lengths = np.full(first.rows, _PROMPT - shorter)
             lengths[1:] -= 1  # ragged where there are rows to be so: right-padded prompts
             logits, _ = lm.prefill_rows(
                 cache, np.arange(first.rows), prompts, lengths, lm.vocab_size, last_logits=first.last_logits
             )
             got += [] if logits is None else [logits.float()]  # [rows, V]
-        start = _PROMPT  # past the longest prompt: each step attends to more columns than the last forward
-        for width in first.widths:
-            for _ in range(2):
+            start = _PROMPT - shorter  # past the longest prompt
+            for width in first.widths:
                 columns = start + torch.arange(width, device=lm.device).expand(first.rows, width).contiguous()
                 for _ in range(calls):  # each call writes the same keys and values into the same columns
                     step = lm.step(cache, prompts[:, :width], columns, start + width, lm.vocab_size)  # [rows, w, V]
@@ -242,7 +242,7 @@ def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) 
                 start += width
         outputs.append(got)
     tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    names = ["prefill"] * (2 * first.last_logits) + [f"{width}-token step" for width in first.widths for _ in "12"]
+    names = (["prefill"] * first.last_logits + [f"{width}-token step" for width in first.widths]) * 2
     for what, eager, mine in zip(names, *outputs, strict=True):
         gap = float((eager - mine).abs().max())
         if not gap <= tolerance:  # NaN too
