@@ -84,6 +84,8 @@ ROOFLINE: Columns = [
     ("eager / floor", "eager_over_floor", _times),
     ("compiled forward ms", "compiled_forward_ms", _num(3)),
     ("compiled / floor", "compiled_over_floor", _times),
+    ("compile s", "compile_s", _num(1)),  # at load: what every job runs first (decoding/compiled.py)
+    ("compiled step speedup", "compile_speedup", _times),  # the measurement `auto` follows
 ]
 TableSpec = tuple[str, Columns, list[dict[str, Any]]]  # title, columns, rows
 

@@ -514,10 +514,9 @@ def load_bench_pair(
         pair = load_pair(target, draft, device, dtype, compile)
     except ValueError as exc:
         raise SpecqError(str(exc)) from exc
-    for role, outcome in pair.compiled.items():
-        progress(f"{role}: {outcome.summary()}")
-    if pair.warm_up_s:
-        progress(f"a warm-up decode through the compiled models: {pair.warm_up_s:.1f}s")
+    compile_line = pair.compile_line()
+    if compile_line is not None:
+        progress(compile_line)  # the warm-up passes compile the rest, before anything is timed
     return pair, device, target, draft
 
 
@@ -570,6 +569,7 @@ def run_benchmark(
         "settings": {**vars(settings), "device": device, "dtype": machine["dtype"]},
         "prompts": [{"text": text, "prompt_tokens": len(ids)} for text, ids in zip(texts, prompts, strict=True)],
         "roofline": roofline,
+        "compile": pair.compile_report(),  # None with --compile off
         **results,
     }
 
@@ -581,7 +581,12 @@ def measure_pair_roofline(pair, progress: Callable[[str], None]) -> tuple[float,
 
     progress("roofline: memory bandwidth, and one batch-1 decode forward of each model")
     models = {role: model for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
-    return measure_roofline(models)
+    bandwidth, roofline = measure_roofline(models)
+    for row in roofline["models"]:  # what compiling each model cost at load and the speedup it measured
+        outcome = pair.compiled.get(row["model"])
+        row["compile_s"] = None if outcome is None or not outcome.compiled else outcome.seconds
+        row["compile_speedup"] = None if outcome is None else outcome.speedup
+    return bandwidth, roofline
 
 
 def _params(model) -> int | None:

@@ -1,18 +1,18 @@
 """What `--compile` costs at load and in a job's first steps, and whether `auto` follows what it measured.
 
-    python benchmarks/compile_warm_up.py [--skip-warm-up] [--requests 32] [--max-tokens 32]
+    python benchmarks/compile_warm_up.py [--warm-up] [--requests 32] [--max-tokens 32]
 
-Loads the demo pair with `--compile on` as a worker does (models/loading.py: compile each model, check
-it against eager, time a decode step both ways and keep the speedup, then the warm-up decode through
-the engine), and prints each model's compile seconds and measured speedup, the warm-up's seconds, and
-how many graphs torch has compiled so far. Then decodes the held-out continuation prompts through the
+Loads the demo pair with `--compile on` as a worker does (models/loading.py: compile what a job runs
+first, check it against eager, measure a decode step both ways where this machine has no measurement
+yet), and prints each model's compile seconds, graphs and measured speedup, and how many graphs torch
+has compiled so far. Then decodes the held-out continuation prompts through the
 engine with the draft model, at batch 1 and at batch 16, twice each, printing each pass's seconds and
 the graphs compiled by then: a pass that compiles nothing more adds no graphs. Last, loads the pair
 again with `--compile auto` and prints what it chose on this machine.
 
-`--skip-warm-up` compiles and checks each model but skips the warm-up decode, as `--compile` did
-before it: the first passes then pay for the graphs the warm-up would have made. Compile seconds depend
-on inductor's on-disk cache (specq's data directory): run twice and read the second.
+`--warm-up` also decodes a few ragged requests at load, which compiles every kind of graph a job may
+take (as loads did before compiling lazily): the first passes then compile nothing. Compile seconds
+depend on inductor's on-disk cache (specq's data directory): run twice to see a second process's.
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--skip-warm-up", action="store_true")
+    parser.add_argument("--warm-up", action="store_true")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
 
     from torch._dynamo.utils import counters
 
-    import specq.decoding.compiled as compiled
     import specq.models.loading as loading
     from specq.bench.workloads import workload_prompts
     from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
@@ -38,10 +37,8 @@ def main() -> None:
 
     demo = build_demo_models()
     target, draft = str(demo.target_dir), str(demo.draft_dir)
-    if args.skip_warm_up:
-        compiled.warm_up_decoding = lambda *pair: 0.0
     started = time.perf_counter()
-    pair = loading.load_pair(target, draft, "cpu", None, "on")
+    pair = loading.load_pair(target, draft, "cpu", None, "on", warm_up=args.warm_up)
     print(f"load with --compile on: {time.perf_counter() - started:.1f}s")
     for role, outcome in pair.compiled.items():
         print(f"  {role}: {outcome.summary()}")

@@ -62,6 +62,7 @@ def run(
             **vars(generation),  # target, draft, decoding, sampling, device, dtype, chat_template, served_model_name
             output_format=output_format,  # type: ignore[arg-type]
             on_start=bar.start,
+            on_loaded=lambda line: click.echo(line, err=True),
             on_progress=bar.progress_of,
             limits=input_limits,
         )

@@ -18,30 +18,31 @@ for each concrete shape, so a model compiled so decodes on static shapes (decodi
 a few row counts, KV capacities and widths, recorded once each, with its prefills eager.
 SPECQ_CUDA_GRAPHS=0 compiles without them (an escape hatch; the shapes are then as on a CPU).
 
-Before a compiled model is used, a warm-up runs a ragged prefill and a decode step through it and
-through the eager model, on the engine's own cache: a model that does not compile (an operator the
-compiler refuses, a backend that fails) or whose compiled logits differ from eager falls back to eager
-with one warning naming it and the reason; with `on` that is a `ModelCompileError` instead. Once the
-pair is compiled, `warm_up_decoding` decodes a few ragged requests through the engine, so that every
-kind of graph a job takes is compiled at load, where its time is reported, and not in a job's first
-steps. Everything runs in inference mode, as the engine does: a graph traced outside it would not
-serve the engine. Compiled artefacts are cached on disk (inductor's caches, in specq's data directory
-unless TORCHINDUCTOR_CACHE_DIR says otherwise), so the next process pays far less.
+Start-up: a load compiles what every job runs first, a ragged prefill and a decode step, run through
+the compiled and the eager model on the engine's own cache: a model that does not compile (an operator
+the compiler refuses, a backend that fails) or whose compiled logits differ from eager falls back to
+eager with one warning naming it and the reason; with `on` that is a `ModelCompileError` instead. Every
+other graph is compiled lazily, by the forward that first needs it, so a job never waits for graphs it
+does not take (`warm_up_decoding` compiles every kind up front, for a benchmark that wants none of it
+in its clock). Everything runs in inference mode, as the engine does: a graph traced outside it would
+not serve the engine. Compiled artefacts (inductor's FX graph and autotune caches, AOT autograd's cache,
+dynamo's record of which dimensions vary) are kept on disk in specq's data directory, in a folder per
+torch version, unless TORCHINDUCTOR_CACHE_DIR says otherwise; their keys hold the graph's code and
+torch's, so a new model or torch compiles afresh, and the next process on the machine traces its graphs
+but takes their code from the cache. `CompileOutcome` counts the graphs a load compiled and how many of
+them came from the cache.
 
-Every compile also times a decode step through both forwards, one row decoding one token and eight
-rows verifying five, and keeps the smaller of the two speedups on disk (decoding/compile_speedups.py).
 `auto` compiles on CUDA (launch-bound eager steps, where the gain is largest); on a CPU, where the gain
-depends on the model and the CPU and the compile costs a minute or more on a small machine, it compiles
-a model only where a compile on this machine measured it at least MIN_SPEEDUP faster, and keeps the
-compiled forward only if the compile measures that again. So `--compile on` (a job, or `specq bench
---compile on`) measures a model once, and later `auto` runs follow what it measured.
+depends on the model and the CPU and the compile costs a minute on a small machine, it follows the
+measurement kept for the model on this machine (decoding/compile_speedups.py: interleaved rounds, a
+rule on their spread). The measurement is made once, by the first `--compile on` load that finds none
+(a job, or `specq bench --compile on`, before anything is timed), and read by every later load.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +51,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from specq.decoding.compile_speedups import record_speedup, recorded_speedup, speedup_key
+from specq.decoding.compile_speedups import (
+    SpeedupMeasurement,
+    decide,
+    measure,
+    record_measurement,
+    recorded_measurement,
+    speedup_key,
+)
 from specq.decoding.hf_model import CausalLM, ColumnsForward, RaggedLM, Tokenizer
 from specq.decoding.static_shapes import is_cuda_graphed, mark_cuda_graphed
 from specq.decoding.types import GenerationRequest, SamplingParams
@@ -65,19 +73,25 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CompileOutcome:
     compiled: bool
-    seconds: float = 0.0  # compiling, checking against eager and timing a decode step
-    reason: str = ""  # why the model runs eagerly ("" when compiled)
-    speedup: float | None = None  # eager over compiled time of a decode step, as the compile measured it
+    seconds: float = 0.0  # compiling and checking against eager at load (and measuring, where it did)
+    reason: str = ""  # why the model runs eagerly, or why `auto` compiled it
+    speedup: float | None = None  # eager over compiled time of a decode step: the kept measurement's median
+    graphs: int = 0  # graphs compiled at load
+    cached_graphs: int = 0  # of those, the graphs whose code came from inductor's on-disk cache
+    measured_s: float = 0.0  # of `seconds`, measuring the speedup (a model's first compile on a machine)
+    measurement: str = ""  # the kept measurement: its median and spread (compile_speedups.SpeedupMeasurement)
 
     def summary(self) -> str:
-        if self.compiled:
-            return f"compiled in {self.seconds:.1f}s, a decode step {self.speedup:.2f}x eager's speed"
-        return f"eager ({self.reason})"
-
-
-# `auto` on a CPU compiles where a decode step measured at least this much faster compiled: below it the
-# gain is inside the 2-core VM's run-to-run noise, and the compile itself is not free
-MIN_SPEEDUP = 1.05
+        if not self.compiled:
+            return f"eager ({self.reason})"
+        measured = f", {self.measured_s:.1f}s of it measuring" if self.measured_s else ""
+        # auto's reason quotes the measurement it followed
+        gain = f"; a decode step {self.measurement}" if self.measurement and not self.reason else ""
+        why = f"; {self.reason}" if self.reason else ""
+        return (
+            f"compiled {self.graphs} graphs in {self.seconds:.1f}s ({self.cached_graphs} from the cache{measured})"
+            f"{gain}{why}"
+        )
 
 
 # Shapes the engine feeds a model: batch rows and tokens a step (1 and more each: dynamic shapes still
@@ -86,33 +100,47 @@ MIN_SPEEDUP = 1.05
 RECOMPILE_LIMIT = 64
 
 
-def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = None) -> tuple[Any, CompileOutcome]:
-    """`model` compiled (or as it is, when `mode` says so or it cannot be), and what happened.
+def compile_model(
+    model: CausalLM, name: str, mode: CompileMode, backend: Any = None, first: FirstForwards | None = None
+) -> tuple[Any, CompileOutcome]:
+    """`model` compiled (or as it is, when `mode` says so or it cannot be), and what happened; `first`:
+    the forwards compiled and checked now (default: a target's, one row, behind a draft model).
 
     `backend`: torch.compile's; None: SPECQ_COMPILE_BACKEND, else inductor (`aot_eager` checks that a
-    model captures without paying for code generation). A compile with a named backend keeps its
-    measured speedup for later `auto` runs."""
+    model captures without paying for code generation). A compile with a named backend measures the
+    speedup once per model and machine (decoding/compile_speedups.py), for later `auto` loads."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     device = next(model.parameters()).device
     if mode == "off":
         return model, CompileOutcome(False, reason="--compile off")
     backend = backend or os.environ.get("SPECQ_COMPILE_BACKEND") or "inductor"
+    first = first or FirstForwards()
     key = speedup_key(model, backend) if isinstance(backend, str) else None
-    measured_only = mode == "auto" and device.type != "cuda"  # auto on a CPU: what was measured decides
-    if measured_only:
-        kept = recorded_speedup(key) if key is not None else None
-        if kept is None or kept < MIN_SPEEDUP:
-            measured = "not measured here yet" if kept is None else f"measured {kept:.2f}x here"
-            log.info("the model %s runs eagerly: --compile auto on %s, compiled %s", name, device.type, measured)
-            return model, CompileOutcome(False, reason=f"--compile auto on {device.type}: compiled {measured}")
+    kept = recorded_measurement(key) if key is not None else None
+    why = ""
+    if mode == "auto" and device.type != "cuda":  # auto on a CPU: what was measured here decides
+        if kept is None:
+            reason = (
+                f"--compile auto on {device.type}: not measured on this machine yet (--compile on measures it once)"
+            )
+            log.info("the model %s runs eagerly: %s", name, reason)
+            return model, CompileOutcome(False, reason=reason)
+        decision = decide(kept)
+        if not decision.compile:
+            log.info("the model %s runs eagerly: --compile auto on %s, %s", name, device.type, decision.why)
+            return model, CompileOutcome(
+                False, reason=f"--compile auto on {device.type}: {decision.why}", speedup=kept.median
+            )
+        why = f"--compile auto on {device.type}: {decision.why}"
     _cache_compiled_artefacts()
     started = time.perf_counter()
+    counted = _compile_counts()
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     compiled: Any = model
-    speedup = 0.0
+    measured_s = 0.0
     try:
         cuda_graphs = device.type == "cuda" and backend == "inductor" and _cuda_graphs_wanted()
         # the forward from cache columns: its masks and position ids are built inside the graph
@@ -122,9 +150,13 @@ def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = 
             mark_cuda_graphed(compiled)  # before its first forward: every cache it sees must be static
             _allow_a_graph_per_static_shape()
         with torch.inference_mode():  # as the engine decodes: graphs traced otherwise would not serve it
-            problem = _warm_up(model, compiled)
-            if problem is None:
-                speedup = _measure_speedup(model, compiled)
+            problem = _check_first_forwards(model, compiled, first)
+            if problem is None and kept is None and key is not None:  # once per model and machine
+                measuring = time.perf_counter()
+                kept = _measure_speedup(model, compiled, first)
+                measured_s = time.perf_counter() - measuring
+                record_measurement(key, name, kept)
+                log.info("%s: a decode step measured %s", name, kept.describe())
     except Exception as exc:  # the compiler's own errors have no common base class
         problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
     seconds = time.perf_counter() - started
@@ -133,41 +165,86 @@ def compile_model(model: CausalLM, name: str, mode: CompileMode, backend: Any = 
             raise ModelCompileError(f"the model {name!r} cannot be compiled: {problem}")
         log.warning("the model %s runs eagerly: it cannot be compiled (%s)", name, problem)
         return model, CompileOutcome(False, seconds, problem)
-    if key is not None:
-        record_speedup(key, name, speedup)
-    if measured_only and speedup < MIN_SPEEDUP:
-        log.info("the model %s runs eagerly: compiled, a decode step measured %.2fx eager's speed", name, speedup)
-        return model, CompileOutcome(False, seconds, f"compiled {speedup:.2f}x eager's speed", speedup)
-    outcome = CompileOutcome(True, seconds, speedup=speedup)
+    graphs, cached = (now - before for now, before in zip(_compile_counts(), counted, strict=True))
+    outcome = CompileOutcome(
+        True,
+        seconds,
+        why,
+        speedup=None if kept is None else kept.median,
+        graphs=graphs,
+        cached_graphs=cached,
+        measured_s=measured_s,
+        measurement="" if kept is None else kept.describe(),
+    )
     log.info("%s: %s", name, outcome.summary())
     return compiled, outcome
 
 
-# times the check runs its step through the compiled model: a forward compiled with CUDA graphs runs
-# its first call unrecorded, records on the second and replays from the third, and a replay must match
+def _compile_counts() -> tuple[int, int]:
+    """(graphs dynamo has compiled, graphs inductor took from its on-disk cache) in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], counters["inductor"]["fxgraph_cache_hit"]
+
+
+@dataclass(frozen=True)
+class FirstForwards:
+    """The forwards a job runs first through a model, which a load compiles (and checks): a prefill of
+    `rows` rows, keeping each row's last logits (the target) or none (a draft model), then decode steps
+    of each of `widths` tokens a row (a target verifying k + 1 tokens behind a draft model: 2 and more,
+    one graph; alone: 1; a draft model: 1). Widths 1 and 2 and more are graphs apart (dynamic shapes
+    specialise 1), as are one row and several. Other shapes compile when a job first takes them."""
+
+    rows: int = 1
+    last_logits: bool = True
+    widths: tuple[int, ...] = (2,)
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or not self.widths or min(self.widths) < 1:
+            raise ValueError(f"a check needs a row and a width of at least 1, got {self}")
+
+
+# times the check runs a step through the compiled model: a forward compiled with CUDA graphs runs its
+# first call unrecorded, records on the second and replays from the third, and a replay must match
 _CHECKED_CALLS = 3
+_PROMPT = 6  # tokens of the check's longest prompt
 
 
-def _warm_up(model: CausalLM, compiled: Any) -> str | None:
-    """Run a ragged prefill and a two-token step through both (the compiled step until it replays a
-    recorded graph, on the same inputs and cache columns each time); what differs, or None."""
+def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) -> str | None:
+    """Run `first`'s forwards through both (each compiled step until it replays a recorded graph, on the
+    same inputs and cache columns each time); what differs, or None.
+
+    Each forward runs twice, at two prompt lengths, cache lengths and capacities: a graph is specialised
+    to the sizes it first sees and made dynamic where they vary, so the second of each is the graph a
+    job's prefills and steps then take. The first is compiled and dropped; a process after the first
+    (dynamo keeps on disk which sizes varied) compiles the dynamic graphs straight away."""
     outputs = []
     for calls, candidate in ((1, model), (_CHECKED_CALLS, compiled)):
         lm = RaggedLM(candidate, static=is_cuda_graphed(compiled))
-        cache = lm.new_cache(rows=2, capacity=16)
         generator = torch.Generator().manual_seed(0)
-        prompts = torch.randint(0, lm.vocab_size, (2, 6), generator=generator).to(lm.device)  # [2, 6]
-        rows = torch.arange(2, device=lm.device)
-        prefill = lm.prefill(cache, rows, prompts, lm.vocab_size, keep=prompts.shape[1])  # [2, 6, V]
-        lengths = torch.tensor([[6], [4]], device=lm.device)  # row 1 rolled back two tokens
-        columns = lengths + torch.arange(2, device=lm.device)  # [2, 2]
-        for _ in range(calls):  # each call writes the same keys and values into the same columns
-            step = lm.step(cache, prompts[:, :2], columns, kv_length=8, vocab_size=lm.vocab_size)  # [2, 2, V]
-        outputs.append((prefill.float(), step.float()))
-    (eager_prefill, eager_step), (compiled_prefill, compiled_step) = outputs
+        prompts = torch.randint(0, lm.vocab_size, (first.rows, _PROMPT), generator=generator).to(lm.device)
+        got = []
+        # twice, each time another prompt length, cache capacity and cache length: what a job varies
+        for shorter, room in ((2, 0), (0, 8)):
+            cache = lm.new_cache(rows=first.rows, capacity=_PROMPT + sum(first.widths) + room)
+            lengths = np.full(first.rows, _PROMPT - shorter)
+            lengths[1:] -= 1  # ragged where there are rows to be so: right-padded prompts
+            logits, _ = lm.prefill_rows(
+                cache, np.arange(first.rows), prompts, lengths, lm.vocab_size, last_logits=first.last_logits
+            )
+            got += [] if logits is None else [logits.float()]  # [rows, V]
+            start = _PROMPT - shorter  # past the longest prompt
+            for width in first.widths:
+                columns = start + torch.arange(width, device=lm.device).expand(first.rows, width).contiguous()
+                for _ in range(calls):  # each call writes the same keys and values into the same columns
+                    step = lm.step(cache, prompts[:, :width], columns, start + width, lm.vocab_size)  # [rows, w, V]
+                got.append(step.float())
+                start += width
+        outputs.append(got)
     tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    for what, eager, got in (("prefill", eager_prefill, compiled_prefill), ("step", eager_step, compiled_step)):
-        gap = float((eager - got).abs().max())
+    names = (["prefill"] * first.last_logits + [f"{width}-token step" for width in first.widths]) * 2
+    for what, eager, mine in zip(names, *outputs, strict=True):
+        gap = float((eager - mine).abs().max())
         if not gap <= tolerance:  # NaN too
             return f"its compiled {what} logits differ from eager by {gap:.3g}"
     return None
@@ -241,25 +318,20 @@ def _warm_up_prefill_groups(lm: RaggedLM, generator: torch.Generator) -> None:
                     )
 
 
-# decode steps timed for the speedup: (rows, tokens a row) over a cache of _TIMED_CONTEXT tokens
-_TIMED_STEPS = ((1, 1), (8, 5))
-_TIMED_CONTEXT = 64
-_TIMED_REPEATS = 7
+_TIMED_CONTEXT = 64  # tokens in the cache a timed step attends to
 
 
-def _measure_speedup(model: CausalLM, compiled: Any) -> float:
-    """Eager over compiled seconds of a decode step, the smaller over `_TIMED_STEPS`: medians of runs
-    taken in turns, so a slow spell of the machine slows both alike."""
-    speedups = []
-    for rows, width in _TIMED_STEPS:
-        runs = _timed_steps((model, compiled), rows, width)
-        samples: list[list[float]] = [[] for _ in runs]
-        for _ in range(_TIMED_REPEATS + 1):  # the first of each: a compile of the new shape, not timed
-            for run, times in zip(runs, samples, strict=True):
-                times.append(run())
-        eager, fast = (statistics.median(times[1:]) for times in samples)
-        speedups.append(eager / fast)
-    return min(speedups)
+def _measure_speedup(model: CausalLM, compiled: Any, first: FirstForwards) -> SpeedupMeasurement:
+    """Eager over compiled seconds of the decode steps `first` names (the graphs the check compiled, so
+    measuring compiles nothing more), in interleaved rounds (compile_speedups.measure); each round's
+    ratio the smallest over the steps."""
+    per_step = []
+    for width in first.widths:
+        runs = _timed_steps((model, compiled), first.rows, width)
+        for run in runs:  # untimed: a first call at a new cache length may still compile
+            run()
+        per_step.append(measure(runs).ratios)
+    return SpeedupMeasurement(tuple(min(ratios) for ratios in zip(*per_step, strict=True)))
 
 
 def _timed_steps(candidates: tuple[Any, ...], rows: int, width: int) -> list[Callable[[], float]]:
@@ -309,7 +381,13 @@ def _cuda_graphs_wanted() -> bool:
 
 
 def _cache_compiled_artefacts() -> None:
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    """Inductor's caches (and dynamo's record of which dimensions vary) in specq's data directory, a
+    folder per torch version: a new torch starts afresh, and the old folder can be deleted whole."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # torch writes its own default into the environment the first time it looks: only a folder that
+    # someone else chose is kept
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
         from specq.paths import data_dir
 
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(data_dir() / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(data_dir() / "compiled" / f"torch-{torch.__version__}")

@@ -59,6 +59,7 @@ def run_file(
     output_format: OutputFormat = "jsonl",
     compile: str = "off",
     on_start: Callable[[int], None] = lambda total: None,
+    on_loaded: Callable[[str], None] = lambda line: None,
     on_progress: Progress = lambda done, stats: None,
     limits: InputLimits | None = None,
 ) -> RunSummary:
@@ -79,7 +80,12 @@ def run_file(
         total = validate_file(source.path, limits, name=source.name, prepare=chat_lines)
         output = cleanup.enter_context(open_output(output_path))
         on_start(total)
-        pair = load_pair(target, draft, resolve_device(device), dtype, compile)
+        pair = load_pair(
+            target, draft, resolve_device(device), dtype, compile, first_rows=max(1, min(decoding.batch_size, total))
+        )
+        compile_line = pair.compile_line()
+        if compile_line is not None:
+            on_loaded(compile_line)  # what --compile did, before the first token
         from specq.decoding.engine import SpeculativeEngine
 
         engine = SpeculativeEngine(pair.target, pair.tokenizer, pair.draft, decoding)

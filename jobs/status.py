@@ -192,10 +192,11 @@ def compile_summary(report: dict[str, Any] | None) -> str:
         if model is None:
             continue
         if model["compiled"]:
-            parts.append(f"{role} {model['speedup']:.2f}x in {model['seconds']:.0f}s")
+            gain = "" if model["speedup"] is None else f"{model['speedup']:.2f}x "
+            parts.append(f"{role} {gain}in {model['seconds']:.0f}s")
         else:
             parts.append(f"{role} eager")
-    if any(report[role]["compiled"] for role in ("target", "draft") if role in report):
+    if report.get("warm_up_s"):
         parts.append(f"warm-up {report['warm_up_s']:.0f}s")
     return ", ".join(parts)
 

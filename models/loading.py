@@ -146,7 +146,7 @@ class ModelPair:
     draft_name: str | None
     # role ("target", "draft") -> what `--compile` did with it (decoding.compiled); empty with `off`
     compiled: dict[str, CompileOutcome] = field(default_factory=dict)
-    warm_up_s: float = 0.0  # decoding a few requests through the compiled models at load (decoding.compiled)
+    warm_up_s: float = 0.0  # decoding requests through the compiled models at load, where asked (decoding.compiled)
 
     def compile_report(self) -> dict[str, Any] | None:
         """What `--compile` did with each model (role -> its name, whether it runs compiled, the seconds
@@ -162,11 +162,25 @@ class ModelPair:
                 "seconds": round(outcome.seconds, 2),
                 "speedup": None if outcome.speedup is None else round(outcome.speedup, 3),
                 "reason": outcome.reason,
+                "graphs": outcome.graphs,
+                "cached_graphs": outcome.cached_graphs,
             }
             for role, outcome in self.compiled.items()
         }
         report["warm_up_s"] = round(self.warm_up_s, 2)
         return report
+
+    def compile_line(self) -> str | None:
+        """The start-up line of `--compile`: what each model compiled at load, from the cache or not, in how
+        long, and why it runs as it does; None with `off`."""
+        if not self.compiled:
+            return None
+        parts = [f"{role}: {outcome.summary()}" for role, outcome in self.compiled.items()]
+        if self.warm_up_s:
+            parts.append(f"a warm-up decode {self.warm_up_s:.1f}s")
+        elif any(outcome.compiled for outcome in self.compiled.values()):
+            parts.append("other shapes compile when a job first takes them")
+        return "--compile: " + "; ".join(parts)
 
 
 def check_same_vocab(
@@ -192,13 +206,22 @@ def check_same_vocab(
 
 
 def load_pair(
-    target: str, draft: str | None = None, device: str = "cpu", dtype: str | None = None, compile: str = "off"
+    target: str,
+    draft: str | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    compile: str = "off",
+    warm_up: bool = False,
+    first_rows: int = 1,
 ) -> ModelPair:
     """Load the target, the draft and the target's tokenizer; fail early if they do not fit together.
 
     Configs (the family's support) and tokenizers are checked before any weights are read, so an
     unsupported or mismatched pair costs seconds, not minutes. `compile` (auto, on, off): the models'
-    forwards compiled as decoding.compiled says (ModelCompileError with `on` where one cannot be).
+    forwards compiled as decoding.compiled says (ModelCompileError with `on` where one cannot be): what
+    every job runs first at load, the rest when a job first takes it; `warm_up`: every kind of graph a
+    job may take at load instead, for a caller that times its first steps; `first_rows`: the rows of a
+    job's first forwards (its batch size, or fewer requests), where the caller knows them.
     """
     tokenizer = load_tokenizer(target)
     if draft is not None:
@@ -216,14 +239,18 @@ def load_pair(
             )
     pair = ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
     if compile != "off":
-        from specq.decoding.compiled import compile_model, warm_up_decoding
+        from specq.decoding.compiled import FirstForwards, compile_model, warm_up_decoding
 
-        pair.target, pair.compiled["target"] = compile_model(target_model, target, compile)  # type: ignore[arg-type]
+        # what a job runs first: the target verifies k + 1 tokens behind a draft model, one alone
+        first = FirstForwards(first_rows, last_logits=True, widths=(2,) if draft_model is not None else (1,))
+        pair.target, pair.compiled["target"] = compile_model(target_model, target, compile, first=first)  # type: ignore[arg-type]
         if draft_model is not None and draft is not None:
-            pair.draft, pair.compiled["draft"] = compile_model(draft_model, draft, compile)  # type: ignore[arg-type]
-        if any(outcome.compiled for outcome in pair.compiled.values()):
+            first = FirstForwards(first_rows, last_logits=False, widths=(1,))
+            pair.draft, pair.compiled["draft"] = compile_model(draft_model, draft, compile, first=first)  # type: ignore[arg-type]
+        if warm_up and any(outcome.compiled for outcome in pair.compiled.values()):
             pair.warm_up_s = warm_up_decoding(pair.target, pair.draft, tokenizer)
             logger.info("decoded a warm-up through the compiled models in %.1fs", pair.warm_up_s)
+        logger.info("%s", pair.compile_line())
     return pair
 
 

@@ -120,50 +120,114 @@ def test_the_warm_up_compiles_every_graph_a_job_then_takes(compiled_pair) -> Non
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-def test_auto_on_a_cpu_compiles_only_where_a_compile_here_measured_it_faster(pair, monkeypatch) -> None:
-    """auto on a CPU follows the speedup a compile on this machine kept for the model's config; it
-    keeps the compiled forward only where this compile measures it faster again."""
+def _measured(*ratios: float):
+    from specq.decoding.compile_speedups import SpeedupMeasurement
+
+    return SpeedupMeasurement(ratios)
+
+
+def test_the_rule_compiles_where_three_rounds_in_four_measured_it_faster() -> None:
+    """`decide` reads the rounds' lower quartile: one slow round (a busy spell) does not flip a clear
+    gain, a gain inside the noise is no gain, and the threshold itself counts as faster."""
+    from specq.decoding.compile_speedups import MIN_SPEEDUP, decide
+
+    assert decide(_measured(1.4, 1.5, 1.45, 1.38, 0.4, 1.5, 1.42, 1.39, 1.41)).compile  # one busy round
+    assert not decide(_measured(1.0, 1.1, 0.98, 1.12, 1.02, 1.09, 1.01, 1.08, 1.0)).compile  # inside the noise
+    assert not decide(_measured(0.9, 0.92, 0.91)).compile
+    assert decide(_measured(*[MIN_SPEEDUP] * 9)).compile
+    assert decide(_measured(1.3)).compile  # one round: its own spread
+    why = decide(_measured(1.0, 1.1, 0.98, 1.12, 1.02, 1.09, 1.01, 1.08, 1.0)).why
+    assert "1.02x eager's speed (1.00-1.09 over 9 rounds)" in why and "not surely 1.05x" in why
+
+
+def test_a_measurement_takes_rounds_in_turns_and_the_best_of_each_sides_calls() -> None:
+    """Timings injected: each side's calls return preset seconds. The order of the sides alternates
+    from round to round, and a round's ratio is eager's best over compiled's best."""
+    from specq.decoding.compile_speedups import measure
+
+    calls: list[str] = []
+
+    def side(name: str, seconds: list[float]):
+        times = iter(seconds)
+
+        def run() -> float:
+            calls.append(name)
+            return next(times)
+
+        return run
+
+    eager = side("eager", [3.0, 2.0, 2.5, 9.0, 2.0, 4.0])  # a disturbed call: the round's best still 2.0
+    compiled = side("compiled", [1.0, 1.5, 1.2, 4.0, 5.0, 4.0])
+    measurement = measure((eager, compiled), rounds=2, calls=3)
+    assert calls == ["eager"] * 3 + ["compiled"] * 3 + ["compiled"] * 3 + ["eager"] * 3
+    assert measurement.ratios == (2.0, 0.5)
+    assert measurement.spread == (0.875, 1.625) and measurement.median == 1.25
+
+
+def test_auto_on_a_cpu_follows_what_a_compile_here_measured_once(pair, monkeypatch) -> None:
+    """auto on a CPU follows the measurement kept for the model's config on this machine; `on` measures
+    a model once, and neither re-measures it (the decision does not flip with the machine's load)."""
     import specq.decoding.compiled as compiled
 
     model = pair[0]
     got, outcome = compile_model(model, "m", "auto", backend="aot_eager")
-    assert got is model and not outcome.compiled and "not measured here yet" in outcome.reason
+    assert got is model and not outcome.compiled and "not measured on this machine yet" in outcome.reason
 
-    monkeypatch.setattr(compiled, "_measure_speedup", lambda model, compiled: 1.3)
+    measured: list[object] = []
+
+    def measuring(*ratios: float):
+        def run(model, compiled, first):
+            measured.append(model)
+            return _measured(*ratios)
+
+        return run
+
+    monkeypatch.setattr(compiled, "_measure_speedup", measuring(1.3, 1.2, 1.25))
     got, outcome = compile_model(model, "m", "on", backend="aot_eager")
-    assert got is not model and outcome.compiled and outcome.speedup == 1.3
-    assert compile_model(model, "m", "auto", backend="aot_eager")[1].compiled  # what `on` measured counts
+    assert got is not model and outcome.compiled and outcome.speedup == 1.25 and outcome.measured_s > 0
+    assert "a decode step 1.25x eager's speed (1.23-1.27 over 3 rounds)" in outcome.summary()
+    got, outcome = compile_model(model, "m", "auto", backend="aot_eager")  # what `on` measured counts
+    assert got is not model and outcome.compiled and "1.25x eager's speed (1.23-1.27 over 3 rounds)" in outcome.reason
     other = tiny_llama(vocab=64, layers=2, hidden=32, seed=3)  # another config: measured apart
     assert compile_model(other, "other", "auto", backend="aot_eager")[0] is other
     assert compile_model(model, "m", "auto", backend="inductor")[0] is model  # another backend too
+    assert len(measured) == 1
 
-    monkeypatch.setattr(compiled, "_measure_speedup", lambda model, compiled: 0.9)
-    got, outcome = compile_model(model, "m", "auto", backend="aot_eager")  # measured slower this time: eager
-    assert got is model and not outcome.compiled and outcome.speedup == 0.9 and "0.90x" in outcome.reason
-    got, outcome = compile_model(model, "m", "auto", backend="aot_eager")  # and not compiled again
-    assert got is model and outcome.seconds == 0.0 and "measured 0.90x here" in outcome.reason
-    assert compile_model(model, "m", "on", backend="aot_eager")[1].compiled  # on: compiled, whatever it measures
+    monkeypatch.setattr(compiled, "_measure_speedup", measuring(0.9))  # a busy machine would measure this
+    assert compile_model(model, "m", "on", backend="aot_eager")[1].measured_s == 0.0  # kept: not measured again
+    assert compile_model(model, "m", "auto", backend="aot_eager")[1].compiled
+    assert len(measured) == 1
+
+    got, outcome = compile_model(other, "other", "on", backend="aot_eager")  # measured slower: `on` compiles
+    assert got is not other and outcome.compiled and outcome.speedup == 0.9
+    got, outcome = compile_model(other, "other", "auto", backend="aot_eager")  # auto: eager, not compiled
+    assert got is other and outcome.seconds == 0.0 and "0.90x eager's speed" in outcome.reason
+    assert "not surely 1.05x" in outcome.reason and outcome.speedup == 0.9
     assert compile_model(model, "m", "off")[0] is model
 
 
 def test_a_compile_measures_a_speedup_and_keeps_it(pair) -> None:
-    from specq.decoding.compile_speedups import recorded_speedup, speedup_key
+    from specq.decoding.compile_speedups import ROUNDS, recorded_measurement, speedup_key
 
     _, outcome = compile_model(pair[1], "draft", "on", backend="aot_eager")
     assert outcome.speedup is not None and 0.0 < outcome.speedup < float("inf")
-    assert recorded_speedup(speedup_key(pair[1], "aot_eager")) == pytest.approx(outcome.speedup, abs=1e-4)
-    assert recorded_speedup(speedup_key(pair[1], "inductor")) is None
+    kept = recorded_measurement(speedup_key(pair[1], "aot_eager"))
+    assert kept is not None and len(kept.ratios) == ROUNDS
+    assert kept.median == pytest.approx(outcome.speedup, abs=1e-3)
+    assert recorded_measurement(speedup_key(pair[1], "inductor")) is None
 
 
 def test_a_damaged_speedup_file_is_measured_afresh(pair, caplog) -> None:
-    from specq.decoding.compile_speedups import FILE_NAME, record_speedup, recorded_speedup, speedup_key
+    from specq.decoding.compile_speedups import FILE_NAME, record_measurement, recorded_measurement, speedup_key
     from specq.paths import data_dir
 
     key = speedup_key(pair[0], "inductor")
     (data_dir() / FILE_NAME).write_text('{"cut short')
-    assert recorded_speedup(key) is None and FILE_NAME in caplog.text
-    record_speedup(key, "/some/folder/target", 1.25)
-    assert recorded_speedup(key) == 1.25
+    assert recorded_measurement(key) is None and FILE_NAME in caplog.text
+    (data_dir() / FILE_NAME).write_text(f'{{"{key}": {{"speedup": 1.6}}}}')  # an older protocol's record
+    assert recorded_measurement(key) is None
+    record_measurement(key, "/some/folder/target", _measured(1.25, 1.2))
+    assert recorded_measurement(key) == _measured(1.25, 1.2)
     assert "/some/folder" not in (data_dir() / FILE_NAME).read_text()
 
 
@@ -206,7 +270,7 @@ def _backend_wrong_from_the_third_call(graph, example_inputs):
 
 
 def test_a_compiled_forward_that_goes_wrong_on_replay_is_caught_at_load(pair) -> None:
-    with pytest.raises(ModelCompileError, match="its compiled step logits differ from eager"):
+    with pytest.raises(ModelCompileError, match="its compiled 2-token step logits differ from eager"):
         compile_model(pair[0], "tiny", "on", backend=_backend_wrong_from_the_third_call)
 
 
@@ -265,7 +329,9 @@ def test_a_workers_row_keeps_what_compile_did_with_its_models(pg_db_url, redis_u
         "compiled": False,
         "seconds": 0.0,
         "speedup": None,
-        "reason": "--compile auto on cpu: compiled not measured here yet",
+        "reason": "--compile auto on cpu: not measured on this machine yet (--compile on measures it once)",
+        "graphs": 0,
+        "cached_graphs": 0,
     }
     assert worker["compiled"] == {
         "target": {"model": tiny_pair[0], **eager},
@@ -276,4 +342,49 @@ def test_a_workers_row_keeps_what_compile_did_with_its_models(pg_db_url, redis_u
     compiled = {"model": "m", "compiled": True, "seconds": 38.04, "speedup": 1.634, "reason": ""}
     report = {"target": compiled, "draft": {**eager, "model": "d"}, "warm_up_s": 55.5}
     assert compile_summary(report) == "target 1.63x in 38s, draft eager, warm-up 56s"
+    assert compile_summary({**report, "warm_up_s": 0.0}) == "target 1.63x in 38s, draft eager"
     assert compile_summary(None) == "-"
+
+
+# One process's compile with inductor (the backend whose code the on-disk caches keep): the counts of
+# graphs it compiled and of those whose code came from the FX graph cache, as JSON on stdout
+_COMPILE_IN_A_PROCESS = """
+import json
+from torch._dynamo.utils import counters
+from specq.decoding.compiled import compile_model
+from tests.tiny_models import tiny_llama
+
+_, outcome = compile_model(tiny_llama(vocab=64, layers=1, hidden=32, seed=3), "tiny", "on", backend="inductor")
+print(json.dumps({"graphs": outcome.graphs, "cached": outcome.cached_graphs,
+                  "misses": counters["inductor"]["fxgraph_cache_miss"], "measured": outcome.measured_s > 0}))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_takes_the_first_ones_compiled_graphs_from_the_cache(tmp_path) -> None:
+    """The first process on a machine generates every graph's code; a second compiles the same model
+    with every graph's code from the cache in specq's data directory (a folder per torch version), and
+    does not measure the model again. Counted by torch's own counters, not timed."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    env.update(SPECQ_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent.parent), env.get("PYTHONPATH")]))
+
+    def compile_in_a_process() -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", _COMPILE_IN_A_PROCESS], env=env, capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = compile_in_a_process()
+    assert first["graphs"] >= 1 and first["cached"] == 0 and first["misses"] >= 1 and first["measured"]
+    assert (tmp_path / "home" / "compiled" / f"torch-{torch.__version__}").is_dir()
+    second = compile_in_a_process()
+    assert second["graphs"] >= 1 and second["cached"] == second["graphs"] and second["misses"] == 0
+    assert not second["measured"]

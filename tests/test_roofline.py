@@ -103,3 +103,19 @@ def test_the_draft_axis_report_has_the_roofline(tiny_pair, tmp_path):
     assert result.exit_code == 0, result.output
     _check_roofline(json.loads(out.read_text()))
     assert "eager / floor" in result.stdout and "eager / floor" in markdown.read_text()
+
+
+def test_the_bench_report_has_each_models_compile_seconds_beside_its_speedups(tiny_pair, tmp_path, monkeypatch):
+    """`specq bench --compile on`: the roofline rows carry what compiling each model cost at load and the
+    decode-step speedup it measured; the JSON keeps the whole compile report."""
+    monkeypatch.setenv("SPECQ_COMPILE_BACKEND", "aot_eager")  # captures in seconds, no code generation
+    out, markdown = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = [*_bench_args(tiny_pair, out, markdown), "--skip-hf-batched", "--skip-hf-assisted", "--compile", "on"]
+    result = invoke(args)
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())
+    for row in results["roofline"]["models"]:
+        assert row["compile_s"] > 0 and row["compile_speedup"] > 0 and row["compiled_forward_ms"] > 0
+    assert results["compile"]["target"]["compiled"] and results["compile"]["target"]["graphs"] >= 1
+    assert "--compile: target: compiled" in result.stderr
+    assert "| compile s | compiled step speedup |" in markdown.read_text()
