@@ -143,7 +143,7 @@ def test_cancel_and_a_claim_of_a_queued_job_do_not_deadlock(queued_job) -> None:
         claiming = Background(claim)  # ... then a worker's claim of the same job
         wait_for(lambda: lock_waiters(db_url) == 2, 30, "the claim to wait")
     _, stderr = cancel.communicate(timeout=60)
-    assert cancel.returncode == 0 and "8 requests will not run" in stderr, stderr
+    assert cancel.returncode == 0 and "8 queued requests will not run" in stderr, stderr
     assert claiming.result() == 0  # it found the job cancelled, and claimed nothing
     with db.session() as session:
         assert request_states(session, job_id) == {"cancelled": 8}
