@@ -101,22 +101,8 @@ def assisted_generate(
 ) -> BaselineRun:
     """HF assisted generation, one prompt at a time (its only batch size). `assistant_tokens` fixes
     the number of candidate tokens a step (schedule "constant"); None keeps HF's defaults."""
-    import torch
-
-    device = next(model.parameters()).device
-    outputs: dict[int, list[int]] = {}
-    started = time.perf_counter()
-    with torch.inference_mode(), _assistant_tokens(draft, assistant_tokens), _quiet_transformers():
-        for i, prompt in enumerate(prompts):
-            input_ids = torch.tensor([list(prompt)], device=device)  # [1, prompt]
-            sequence = model.generate(  # type: ignore[operator]
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                generation_config=config,
-                assistant_model=draft,
-            )  # [1, prompt + new]
-            outputs[i] = completion_tokens(sequence[0, len(prompt) :].tolist(), eos_token_ids)
-    return BaselineRun(outputs, time.perf_counter() - started)
+    with _assistant_tokens(draft, assistant_tokens):
+        return _generate_one_at_a_time(model, prompts, config, eos_token_ids, assistant_model=draft)
 
 
 def prompt_lookup_generate(
@@ -128,6 +114,18 @@ def prompt_lookup_generate(
 ) -> BaselineRun:
     """HF prompt lookup decoding (`generate(prompt_lookup_num_tokens=N)`: candidates copied from the
     prompt's own n-grams, verified by the target), one prompt at a time (its only batch size)."""
+    return _generate_one_at_a_time(model, prompts, config, eos_token_ids, prompt_lookup_num_tokens=lookup_tokens)
+
+
+def _generate_one_at_a_time(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    config: GenerationConfig,
+    eos_token_ids: Collection[int],
+    **speculation: Any,
+) -> BaselineRun:
+    """`generate` on each prompt alone (HF's speculative modes take batch size 1 only), `speculation`
+    naming the mode's own keyword (`assistant_model=`, `prompt_lookup_num_tokens=`)."""
     import torch
 
     device = next(model.parameters()).device
@@ -140,7 +138,7 @@ def prompt_lookup_generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=config,
-                prompt_lookup_num_tokens=lookup_tokens,
+                **speculation,
             )  # [1, prompt + new]
             outputs[i] = completion_tokens(sequence[0, len(prompt) :].tolist(), eos_token_ids)
     return BaselineRun(outputs, time.perf_counter() - started)

@@ -107,7 +107,13 @@ def draft() -> None:
     help="Train on the target's top-k next tokens a position, kept as it decodes (no target forward while "
     "training); 0: on its whole distribution, recomputed by a target forward each step.",
 )
-@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
+@click.option(
+    "--learning-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1e-3,
+    show_default=True,
+    help="AdamW's peak step size (warm-up, then decay).",
+)
 @click.option("--train-batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="Sequences a step.")
 @click.option(
     "--checkpoint-every", type=click.IntRange(min=1), default=50, show_default=True, help="Steps between checkpoints."

@@ -34,10 +34,12 @@ def pair():
 
 
 @pytest.fixture(scope="module")
-def compiled_pair(pair):
+def compiled_pair(pair, tmp_path_factory):
     target, draft = pair
-    compiled_target, outcome = compile_model(target, "target", "on", backend="aot_eager")
-    compiled_draft, _ = compile_model(draft, "draft", "on", backend="aot_eager")
+    with pytest.MonkeyPatch.context() as env:  # a module fixture runs before the per-test isolation
+        env.setenv("SPECQ_HOME", str(tmp_path_factory.mktemp("compile_home")))
+        compiled_target, outcome = compile_model(target, "target", "on", backend="aot_eager")
+        compiled_draft, _ = compile_model(draft, "draft", "on", backend="aot_eager")
     assert outcome.compiled and compiled_target is not target
     return compiled_target, compiled_draft
 
