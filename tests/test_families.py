@@ -5,8 +5,8 @@ get a window shorter than prompt plus completion, and the test first shows that 
 transformers' own output (so a window ignored would fail here). Families that cannot be decoded
 exactly are refused by name, from their config, at load, at `specq run` and at `specq submit`.
 
-The README's table of families is this matrix: `python -m tests.test_families` prints it, and
-`test_readme_lists_the_matrix` checks the README against it.
+The table of families in docs/models.md is this matrix: `python -m tests.test_families` prints it, and
+`test_the_models_page_lists_the_matrix` checks docs/models.md against it.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ VOCAB = 128
 NEW_TOKENS = 24
 WINDOW = 8  # sliding window and attention chunk: far shorter than prompt plus completion
 SHARPNESS = 8.0
-README = Path(__file__).resolve().parent.parent / "README.md"
-README_BEGIN, README_END = "<!-- families:begin -->", "<!-- families:end -->"
+MODELS_DOC = Path(__file__).resolve().parent.parent / "docs" / "models.md"
+TABLE_BEGIN, TABLE_END = "<!-- families:begin -->", "<!-- families:end -->"
 
 # Shared by every config: tiny, untied heads, ids 0 and 1 for BOS and EOS.
 COMMON = {
@@ -62,7 +62,7 @@ class Family:
     name: str  # the config's model_type
     config_class: str
     kwargs: dict[str, Any] = field(default_factory=dict)
-    attention: str = "full"  # what the README says of its layers
+    attention: str = "full"  # what docs/models.md says of its layers
     note: str = ""
 
     def config(self) -> Any:
@@ -353,8 +353,8 @@ def test_supported_families_pass(family_models) -> None:
     assert why_unsupported(family_models[0].config()) is None
 
 
-# -- the README's table ---------------------------------------------------------------------------------
-def readme_table() -> str:
+# -- docs/models.md's table ------------------------------------------------------------------------------
+def families_table() -> str:
     lines = ["| family | layers | status |", "| --- | --- | --- |"]
     for family in SUPPORTED:
         note = f"; {family.note}" if family.note else ""
@@ -365,13 +365,13 @@ def readme_table() -> str:
     return "\n".join(lines)
 
 
-def test_readme_lists_the_matrix() -> None:
-    text = README.read_text(encoding="utf-8")
-    if README_BEGIN not in text:
-        pytest.skip("the README has no families table yet (python -m tests.test_families prints it)")
-    block = text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip()
-    assert block == readme_table()
+def test_the_models_page_lists_the_matrix() -> None:
+    text = MODELS_DOC.read_text(encoding="utf-8")
+    if TABLE_BEGIN not in text:
+        pytest.skip("docs/models.md has no families table yet (python -m tests.test_families prints it)")
+    block = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert block == families_table()
 
 
 if __name__ == "__main__":
-    sys.stdout.write(f"{README_BEGIN}\n{readme_table()}\n{README_END}\n")
+    sys.stdout.write(f"{TABLE_BEGIN}\n{families_table()}\n{TABLE_END}\n")
