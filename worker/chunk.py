@@ -37,7 +37,8 @@ from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
 from specq.jobs.expiry import expire_if_due
-from specq.jobs.params import decoding_config, engine_request
+from specq.jobs.params import engine_request
+from specq.jobs.settings import JobSettings
 from specq.queue import Chunk
 from specq.worker import faults
 from specq.worker.claims import (
@@ -46,7 +47,6 @@ from specq.worker.claims import (
     claim_chunk,
     exhausted_result,
     mark_started,
-    max_attempts,
     release_claimed,
 )
 from specq.worker.context import WorkerContext
@@ -95,7 +95,7 @@ class _Unfinished:
 
 
 def _prepare(
-    ctx: WorkerContext, pair: ModelPair, claimed: list[ClaimedRequest], settings: dict[str, Any]
+    ctx: WorkerContext, pair: ModelPair, claimed: list[ClaimedRequest], settings: JobSettings
 ) -> tuple[list[_Prepared], list[GenerationResult]]:
     """Resolve sampling settings over the job's and take the prompt's token ids; a request that cannot
     be prepared fails alone.
@@ -106,19 +106,18 @@ def _prepare(
     from specq.models.loading import has_chat_template
 
     ready, failed = [], []
-    defaults, template = settings.get("sampling", {}), settings.get("chat_template")
     unrendered = [r.id for r in claimed if r.messages is not None and r.prompt_token_ids is None]
     chat = None
-    if unrendered and (template is not None or has_chat_template(pair.tokenizer)):
+    if unrendered and (settings.chat_template is not None or has_chat_template(pair.tokenizer)):
         from specq.jobs.chat_render import ChatTokens
 
         with ctx.db.session() as session:
             mark_started(session, unrendered, ctx.config.name)
         ctx.started.update(unrendered)
-        chat = ChatTokens(pair.tokenizer, template)
+        chat = ChatTokens(pair.tokenizer, settings.chat_template)
     try:
         for request in claimed:
-            prepared = engine_request(request.id, request, pair.tokenizer, defaults, chat)
+            prepared = engine_request(request.id, request, pair.tokenizer, settings.sampling, chat)
             if isinstance(prepared, GenerationResult):
                 failed.append(prepared)
             else:
@@ -291,6 +290,7 @@ class _Writer:
 def _run_batch(
     ctx: WorkerContext,
     job: Job,
+    settings: JobSettings,
     pair: ModelPair,
     config: DecodingConfig,
     pending: dict[int, _Prepared],
@@ -308,7 +308,7 @@ def _run_batch(
     policy_key = (
         job.target,
         job.draft,
-        job.settings.get("dtype"),
+        settings.dtype,
         config.num_speculative_tokens,
         config.fixed_k,
         config.model_free,
@@ -355,6 +355,7 @@ def _run_batch(
 def _generate_group(
     ctx: WorkerContext,
     job: Job,
+    settings: JobSettings,
     pair: ModelPair,
     group: list[_Prepared],
     writer: _Writer,
@@ -363,11 +364,11 @@ def _generate_group(
     """Run one group through the engine, halving the batch size while the device runs out of memory; a
     request that does not fit even alone fails. Returns what it did not finish: the job was cancelled
     (what is left is given up), or the worker is stopping (what is left was never handed over)."""
-    config = decoding_config(job.settings)
+    config = settings.decoding
     pending = {p.claimed.id: p for p in group}  # in the group's order
     feed = _Feed(ctx, config.batch_size, injected)
     while pending and not writer.cancelled:
-        out_of_memory = _run_batch(ctx, job, pair, config, pending, feed, writer)
+        out_of_memory = _run_batch(ctx, job, settings, pair, config, pending, feed, writer)
         if out_of_memory is None:
             break
         _free_memory(ctx.config.device)
@@ -391,9 +392,9 @@ def _generate_group(
 
 
 # -- a chunk: triage -> run -> settle (rq's perform_job) ---------------------------------------------------
-def _triage(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest]) -> _Triage:
+def _triage(ctx: WorkerContext, job: Job, settings: JobSettings, claimed: list[ClaimedRequest]) -> _Triage:
     """Which claims run, which run alone, and which have killed too many workers to run again."""
-    limit = max_attempts(job.settings)
+    limit = settings.max_attempts
     # started before, by a worker that is gone (not by this process, whose chunk a database error cut)
     elsewhere = [c for c in claimed if c.suspect and c.id not in ctx.started]
     exhausted = {c.id for c in elsewhere if c.starts >= limit}
@@ -408,7 +409,7 @@ def _triage(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest]) -> _Tri
     return _Triage([c for c in claimed if c.id not in exhausted], suspects, failed)
 
 
-def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unfinished:
+def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, writer: _Writer) -> _Unfinished:
     """Load the models, prepare the requests and run them group by group; every result goes to `writer`.
     Models that do not load because of this worker leave the requests unfinished (given back) and mark
     the worker unusable; models that do not fit together fail the requests, as does a request that
@@ -416,9 +417,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
     for result in triage.exhausted:
         writer.add(result)
     try:
-        pair = ctx.models.get(
-            job.target, job.draft, job.settings.get("dtype"), ctx.config.device, job.settings.get("compile", "auto")
-        )
+        pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, settings.compile)
     except Exception as exc:  # ModelLoadError, or out of memory while loading
         if ctx.config.broker is not None and is_worker_side_load_failure(exc):
             # this worker's fault (disk, permissions, memory), not the job's: another worker may load
@@ -432,7 +431,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
     if ctx.metrics is not None:
         ctx.metrics.set_compiled(writer.model, ctx.config.device, pair.compiled, pair.warm_up_s)
     _record_compiled(ctx, pair.compile_report())
-    ready, failed = _prepare(ctx, pair, triage.runnable, job.settings)
+    ready, failed = _prepare(ctx, pair, triage.runnable, settings)
     for result in failed:
         writer.add(result)
     injected = faults.installed()  # once per chunk, not per request
@@ -441,7 +440,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
         if writer.cancelled or ctx.shared.stopping.is_set():
             unfinished.ids.update(p.claimed.id for p in group)
         else:
-            unfinished |= _generate_group(ctx, job, pair, group, writer, injected)
+            unfinished |= _generate_group(ctx, job, settings, pair, group, writer, injected)
     return unfinished
 
 
@@ -488,7 +487,8 @@ def _run_claimed(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest], ch
         for _ in claimed:
             ctx.metrics.queue_time.labels(writer.model, ctx.config.device).observe(waited)
     try:
-        unfinished = _run(ctx, job, _triage(ctx, job, claimed), writer)
+        settings = JobSettings.from_stored(job.settings)
+        unfinished = _run(ctx, job, settings, _triage(ctx, job, settings, claimed), writer)
     finally:
         writer.flush()
         _set_worker(ctx, WorkerState.IDLE, None, None)
