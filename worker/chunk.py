@@ -55,6 +55,7 @@ from specq.worker.results import end_batch, record_batch_progress, start_batch, 
 from specq.worker.startup import is_worker_side_load_failure
 
 if TYPE_CHECKING:
+    from specq.decoding.engine import SpeculativeEngine
     from specq.models.loading import ModelPair
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ class _Writer:
         return self.job_state == JobState.CANCELLED
 
 
-# -- a group: one engine run per batch size, halved on out-of-memory errors -------------------------------
+# -- a batch: open -> run -> store as results come -> close (rq's perform_job) ---------------------------
 def _run_batch(
     ctx: WorkerContext,
     job: Job,
@@ -300,58 +301,91 @@ def _run_batch(
     """One engine run over the pending requests, each result stored as it comes; returns the error's
     text when the device ran out of memory (only the text: nothing may keep the engine alive), else None.
     An engine that fails otherwise fails the requests it had not finished, with the reason."""
+    batch_id = _open_batch(ctx, job.id, len(pending))
+    engine = _engine(ctx, job, settings, pair, config)
+    writer.running = (batch_id, engine.stats)
+    results: Iterator[GenerationResult] = engine.generate(feed.requests(list(pending.values())))
+    try:
+        _store_as_generated(ctx, results, pending, feed, writer, config.batch_size)
+    except SQLAlchemyError:
+        raise  # the database, not the engine: the task retries the chunk
+    except Exception as exc:
+        return _engine_failed(job.id, exc, pending, writer)
+    finally:
+        _close_batch(ctx, results, writer, config.batch_size)
+    return None
+
+
+def _open_batch(ctx: WorkerContext, job_id: str, size: int) -> int:
+    """The batch's row, and the worker's row busy with it; the batch's id."""
+    with ctx.db.session() as session:
+        batch_id = start_batch(session, job_id, ctx.config.name, ctx.config.device, size)
+    _set_worker(ctx, WorkerState.BUSY, job_id, batch_id)
+    return batch_id
+
+
+def _engine(
+    ctx: WorkerContext, job: Job, settings: JobSettings, pair: ModelPair, config: DecodingConfig
+) -> SpeculativeEngine:
+    """An engine for one batch, with the adaptive-k policy this worker's earlier engines on the same
+    models and speculation settings measured, and the job's suffix index where it drafts from one."""
     from specq.decoding.engine import SpeculativeEngine
 
-    with ctx.db.session() as session:
-        batch_id = start_batch(session, job.id, ctx.config.name, ctx.config.device, len(pending))
-    _set_worker(ctx, WorkerState.BUSY, job.id, batch_id)
-    policy_key = (
-        job.target,
-        job.draft,
-        settings.dtype,
-        config.num_speculative_tokens,
-        config.fixed_k,
-        config.model_free,
-    )
+    policy_key = config.policy_key(job.target, job.draft, settings.dtype)
     suffix_index = ctx.suffix_index(job.id) if config.model_free == "suffix" else None
     engine = SpeculativeEngine(
         pair.target, pair.tokenizer, pair.draft, config, policy=ctx.policies.get(policy_key), suffix_index=suffix_index
     )
     ctx.policies[policy_key] = engine.policy
-    writer.running = (batch_id, engine.stats)
-    results: Iterator[GenerationResult] = engine.generate(feed.requests(list(pending.values())))
-    try:
-        for result in results:
-            pending.pop(result.key, None)
-            feed.finished(result.key)
-            writer.add(result, hold=not pending)
-            if ctx.metrics is not None:
-                ctx.metrics.set_load(writer.model, ctx.config.device, len(pending), config.batch_size)
-            if writer.cancelled:
-                break
-    except SQLAlchemyError:
-        raise  # the database, not the engine: the task retries the chunk
-    except Exception as exc:
-        if is_out_of_memory(exc):
-            return str(exc)
-        # the engine failed the whole batch (a bug, a bad kernel): its unfinished requests fail with the
-        # reason; `specq retry` can requeue them
-        log.exception("the engine failed on a batch of job %s", job.id)
-        for request_id in list(pending):
-            writer.add(GenerationResult.failed(request_id, f"the engine failed: {type(exc).__name__}: {exc}"))
-        pending.clear()
-    finally:
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()
-        writer.running = None
-        writer.flush(batch=(batch_id, engine.stats))
+    return engine
+
+
+def _store_as_generated(
+    ctx: WorkerContext,
+    results: Iterator[GenerationResult],
+    pending: dict[int, _Prepared],
+    feed: _Feed,
+    writer: _Writer,
+    batch_size: int,
+) -> None:
+    """Store each result as the engine yields it, until none is pending or the job was cancelled."""
+    for result in results:
+        pending.pop(result.key, None)
+        feed.finished(result.key)
+        writer.add(result, hold=not pending)
         if ctx.metrics is not None:
-            ctx.metrics.add_stats(writer.model, ctx.config.device, engine.stats)
-            ctx.metrics.set_load(writer.model, ctx.config.device, 0, config.batch_size)
+            ctx.metrics.set_load(writer.model, ctx.config.device, len(pending), batch_size)
+        if writer.cancelled:
+            break
+
+
+def _engine_failed(job_id: str, exc: Exception, pending: dict[int, _Prepared], writer: _Writer) -> str | None:
+    """The text of an out-of-memory error, for the caller to split the batch; any other error fails the
+    requests the engine had not finished, with the reason (a bug, a bad kernel: `specq retry` can
+    requeue them)."""
+    if is_out_of_memory(exc):
+        return str(exc)
+    log.exception("the engine failed on a batch of job %s", job_id)
+    for request_id in list(pending):
+        writer.add(GenerationResult.failed(request_id, f"the engine failed: {type(exc).__name__}: {exc}"))
+    pending.clear()
     return None
 
 
+def _close_batch(ctx: WorkerContext, results: Iterator[GenerationResult], writer: _Writer, batch_size: int) -> None:
+    """However the run ended: stop the engine's generator, store what is buffered with the batch's
+    counters (one transaction), and report the counters and an idle load to the metrics."""
+    close = getattr(results, "close", None)
+    if close is not None:
+        close()
+    batch, writer.running = writer.running, None  # (its id, the engine's counters), set as it opened
+    writer.flush(batch=batch)
+    if ctx.metrics is not None and batch is not None:
+        ctx.metrics.add_stats(writer.model, ctx.config.device, batch[1])
+        ctx.metrics.set_load(writer.model, ctx.config.device, 0, batch_size)
+
+
+# -- a group: one engine run per batch size, halved on out-of-memory errors -------------------------------
 def _generate_group(
     ctx: WorkerContext,
     job: Job,
