@@ -7,6 +7,7 @@ import click
 from specq.cli.group import cli
 from specq.cli.options import UsageLine, broker_option, database_option, job_argument, specq_errors
 from specq.cli.progress import counted
+from specq.db.states import JobState
 
 
 @cli.command("cancel")
@@ -75,9 +76,9 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
 
         run_chunks_here(db, outcome.chunks, device or outcome.device)
         status = job_status(db, job)
-    click.echo(f"job {job} {status['state']}: {status['completed']} completed, {status['failed']} failed", err=True)
-    if status["state"] != "completed":
-        raise click.ClickException(f"job {job} {status['state']}")
+    click.echo(f"job {job} {status.state}: {status.completed} completed, {status.failed} failed", err=True)
+    if status.state != JobState.COMPLETED:
+        raise click.ClickException(f"job {job} {status.state}")
 
 
 def _requeued(by_state: dict[str, int]) -> str:

@@ -6,27 +6,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from specq.cli.options import specq_errors
 from specq.cli.progress import ProgressBar, acceptance_summary
-from specq.db.states import JOB_TERMINAL
+from specq.db.states import JobState
 
 if TYPE_CHECKING:
     from specq.db.session import Database
     from specq.jobs.patience import Patient
+    from specq.jobs.status import JobStatus
 
-Status = dict[str, Any]
-Wait = Callable[[Callable[[Status], None]], Status]  # runs or polls the job, reporting each status; its last
+# runs or polls the job, reporting each status; returns the last
+Wait = Callable[[Callable[["JobStatus"], None]], "JobStatus"]
 
 
-def summary(status: Status) -> None:
+def summary(status: JobStatus) -> None:
     click.echo(
-        f"job {status['id']} {status['state']}: {status['completed']} completed, {status['failed']} failed "
-        f"of {status['total']}; {status['generated_tokens']} tokens at {status['tokens_per_second']:.1f}/s, "
-        + acceptance_summary(status["num_draft_tokens"], status["acceptance_rate"], status["mean_acceptance_length"]),
+        f"job {status.id} {status.state}: {status.completed} completed, {status.failed} failed "
+        f"of {status.total}; {status.generated_tokens} tokens at {status.tokens_per_second:.1f}/s, "
+        + acceptance_summary(status.num_draft_tokens, status.acceptance_rate, status.mean_acceptance_length),
         err=True,
     )
 
@@ -50,7 +51,7 @@ def polling(db: Database, job_id: str, patient: Patient, timeout: float | None) 
     `timeout` seconds pass."""
     from specq.jobs.wait import wait_for_job
 
-    def wait(on_status: Callable[[Status], None]) -> Status:
+    def wait(on_status: Callable[[JobStatus], None]) -> JobStatus:
         deadline = None if timeout is None else time.monotonic() + timeout
         give_up = (lambda: False) if deadline is None else (lambda: time.monotonic() >= deadline)
         return wait_for_job(db, job_id, on_status, give_up=give_up, patient=patient)
@@ -63,21 +64,19 @@ def follow(job_id: str, total: int, wait: Wait, *, show: bool, timeout: float | 
     at `timeout`, and, when `strict`, when any request did not complete."""
     progress = ProgressBar(f"job {job_id}", total, show=show)
 
-    def on_status(status: Status) -> None:
-        done = status["completed"] + status["failed"]
-        acceptance = status["acceptance_rate"] if status["num_draft_tokens"] else None
-        progress.update(done, status["tokens_per_second"], acceptance, status["failed"])
+    def on_status(status: JobStatus) -> None:
+        progress.update(status.done, status.tokens_per_second, status.acceptance, status.failed)
 
     with specq_errors(), progress:
         status = wait(on_status)
     summary(status)
-    if status["state"] not in JOB_TERMINAL:
+    if not status.ended:
         raise click.ClickException(
-            f"gave up waiting after {timeout:g}s: job {job_id} is {status['state']} and keeps running "
+            f"gave up waiting after {timeout:g}s: job {job_id} is {status.state} and keeps running "
             f"(`specq wait {job_id}` follows it again)"
         )
-    if strict and (status["state"] != "completed" or status["failed"]):
+    if strict and (status.state != JobState.COMPLETED or status.failed):
         raise click.ClickException(
-            f"job {job_id} {status['state']}: {status['failed']} of {status['total']} requests failed"
-            + (f", {status['remaining']} did not run" if status["remaining"] else "")
+            f"job {job_id} {status.state}: {status.failed} of {status.total} requests failed"
+            + (f", {status.remaining} did not run" if status.remaining else "")
         )

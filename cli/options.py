@@ -55,6 +55,7 @@ from specq.limits import (
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
     from specq.jobs.patience import Patient
+    from specq.jobs.settings import JobSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 Command = Callable[..., None]
@@ -228,8 +229,8 @@ def generation_options(command: Command) -> Command:
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """The resolved generation options; the fields are named as `jobs.local_run.run_file`'s and
-    `jobs.submit.JobSpec`'s keyword arguments."""
+    """The resolved generation options; the fields are named as `jobs.local_run.run_file`'s keyword
+    arguments."""
 
     target: str
     draft: str | None
@@ -240,6 +241,19 @@ class GenerationOptions:
     chat_template: str | None  # the text of --chat-template; None: the tokenizer's own
     served_model_name: str | None  # the `model` of OpenAI-format output; None: the line's, else the target's
     compile: str  # auto, on or off (decoding.compiled)
+
+    def job_settings(self, max_attempts: int) -> JobSettings:
+        """The settings `submit` stores with the job (`jobs.settings`)."""
+        from specq.jobs.settings import JobSettings
+
+        return JobSettings(
+            decoding=self.decoding,
+            sampling=self.sampling,
+            device=self.device,
+            dtype=self.dtype,
+            max_attempts=max_attempts,
+            compile=self.compile,
+        )
 
 
 def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,6 +13,9 @@ from specq.cli.options import Duration, database_option, job_argument, patient_r
 from specq.cli.progress import NOT_APPLICABLE, rate_text
 from specq.cli.tables import aligned, print_table
 from specq.db.states import JobState
+
+if TYPE_CHECKING:
+    from specq.jobs.status import JobStatus, ProposerAcceptance
 
 JOB_STATES = tuple(str(state) for state in JobState)
 
@@ -54,28 +57,34 @@ def status(
 
         patient = patient_reads()
         db = patient(lambda: open_database(database_url))
-        found: dict[str, Any] | list[dict[str, Any]] = patient(
+        found: JobStatus | list[JobStatus] = patient(
             lambda: job_status(db, job) if job else recent_jobs(db, limit, state=state, since=since)
         )
-    if as_json:
-        click.echo(json.dumps(found, indent=None if isinstance(found, list) else 2))
-        return
-    if isinstance(found, dict):
+    if isinstance(found, list):
+        _list(found, as_json)
+    elif as_json:
+        click.echo(json.dumps(found.to_json(), indent=2))
+    else:
         for line in _details(found):
             click.echo(line)
+
+
+def _list(found: list[JobStatus], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([j.to_json() for j in found]))
         return
     if not found:
         click.echo("no jobs yet", err=True)
         return
     rows = [
         [
-            j["id"],
-            j["state"],
-            f"{j['completed'] + j['failed']}/{j['total']}",
-            str(j["failed"]),
-            f"{j['tokens_per_second']:.1f}",
-            rate_text(j["acceptance_rate"] if j["num_draft_tokens"] else None),
-            (j["created_at"] or "")[:19],
+            j.id,
+            j.state,
+            f"{j.done}/{j.total}",
+            str(j.failed),
+            f"{j.tokens_per_second:.1f}",
+            rate_text(j.acceptance),
+            (j.created_at or "")[:19],
         ]
         for j in found
     ]
@@ -83,19 +92,17 @@ def status(
     print_table(columns, rows, drop=("created", "tok/s", "failed", "acceptance"))
 
 
-# shown as n/a where no draft token was proposed (target-only, or none yet): no rate, rather than a rate of 0
-_ACCEPTANCE_FIGURES = ("acceptance_rate", "mean_acceptance_length")
-
-
-def _details(found: dict[str, Any]) -> list[str]:
-    """One job's status as `key  value` lines; acceptance by proposer as a table of the proposers that ran."""
-    width = max(len(k) for k in found)
+def _details(found: JobStatus) -> list[str]:
+    """One job's status as `key  value` lines, in its JSON form's order; the acceptance figures n/a where
+    no draft token was proposed (no rate, rather than a rate of 0)."""
+    shown: dict[str, Any] = found.to_json()
+    if found.acceptance is None:
+        shown.update(acceptance_rate=NOT_APPLICABLE, mean_acceptance_length=NOT_APPLICABLE)
+    ran = {name: counters for name, counters in found.acceptance_by_proposer.items() if counters.drafts}
+    width = max(len(k) for k in shown)
     lines = []
-    for key, value in found.items():
-        if key in _ACCEPTANCE_FIGURES and not found["num_draft_tokens"]:
-            value = NOT_APPLICABLE
-        elif key == "acceptance_by_proposer":
-            ran = {name: counters for name, counters in value.items() if counters["drafts"]}
+    for key, value in shown.items():
+        if key == "acceptance_by_proposer":  # a table under its name, of the proposers that ran
             if ran:
                 lines.append(key)
                 lines.extend(_by_proposer(ran))
@@ -107,9 +114,9 @@ def _details(found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _by_proposer(ran: dict[str, dict[str, Any]]) -> list[str]:
+def _by_proposer(ran: dict[str, ProposerAcceptance]) -> list[str]:
     rows = [
-        [name, str(c["drafts"]), str(c["draft_tokens"]), str(c["accepted_tokens"]), f"{c['acceptance_rate']:.3f}"]
+        [name, str(c.drafts), str(c.draft_tokens), str(c.accepted_tokens), f"{c.acceptance_rate:.3f}"]
         for name, c in ran.items()
     ]
     return aligned(["proposer", "drafts", "draft tokens", "accepted tokens", "acceptance rate"], rows, indent="  ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,6 +25,7 @@ from specq.cli.progress import counted
 
 if TYPE_CHECKING:
     from specq.jobs.inputs import InputLimits
+    from specq.jobs.status import JobStatus
 
 
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
@@ -136,14 +137,9 @@ def submit(
         spec = JobSpec(
             target=generation.target,
             draft=generation.draft,
-            decoding=generation.decoding.to_dict(),
-            sampling=generation.sampling,
-            device=generation.device,
-            dtype=generation.dtype,
-            max_attempts=max_attempts,
+            settings=generation.job_settings(max_attempts),
             chat_template=generation.chat_template,
             served_model_name=generation.served_model_name,
-            compile=generation.compile,
             metadata=metadata_pairs,
             completion_window=None if completion_window is None else completion_window[0],
             completion_window_s=None if completion_window is None else completion_window[1].total_seconds(),
@@ -160,7 +156,7 @@ def submit(
     if submitted.embedded:
         from specq.worker.embedded import run_job_here
 
-        def run_here(on_status: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        def run_here(on_status: Callable[[JobStatus], None]) -> JobStatus:
             return run_job_here(submitted.db, submitted.job_id, submitted.chunks, generation.device, on_status)
 
         waiting: Wait = run_here

@@ -23,11 +23,11 @@ def wait(job: str, timeout: float | None, database_url: str | None) -> None:
     failed, the job was cancelled or expired, or --timeout passed first (the job keeps running)."""
     with specq_errors():
         from specq.db.session import open_database
-        from specq.jobs.status import job_ended, job_status
+        from specq.jobs.status import job_status
 
         patient = patient_reads()
         db = patient(lambda: open_database(database_url))
         status = patient(lambda: job_status(db, job))
-    if not job_ended(status["state"]):
+    if not status.ended:
         note_missing_workers(db, patient)
-    follow(job, status["total"], polling(db, job, patient, timeout), show=True, timeout=timeout)
+    follow(job, status.total, polling(db, job, patient, timeout), show=True, timeout=timeout)

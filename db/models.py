@@ -36,7 +36,8 @@ class Job(Base):
     target: Mapped[str] = mapped_column(Text)
     draft: Mapped[str | None] = mapped_column(Text)
     input_name: Mapped[str] = mapped_column(Text)  # the input path as the user gave it
-    # the resolved generation settings: decoding config, default sampling, device, dtype, chunk size
+    # the resolved generation settings (decoding config, default sampling, device, dtype, chunk size, ...),
+    # written and read only through `jobs.settings.JobSettings`
     settings: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

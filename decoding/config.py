@@ -9,6 +9,8 @@ from specq.limits import BATCH_SIZE, MODEL_FREE, NUM_SPECULATIVE_TOKENS, SAMPLIN
 
 SamplingMode = Literal["exact", "reproducible"]  # specq.limits.SAMPLING_MODES
 ModelFree = Literal["ngram", "suffix"]  # specq.limits.MODEL_FREE
+# (target, draft, dtype, K, fixed k, model-free proposer): `DecodingConfig.policy_key`
+PolicyKey = tuple[str, str | None, str | None, int, bool, ModelFree | None]
 
 
 # K when none is given: a draft model's proposals cost a forward each, so 4; a looked-up proposal costs
@@ -67,3 +69,10 @@ class DecodingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def policy_key(self, target: str, draft: str | None, dtype: str | None) -> PolicyKey:
+        """Which engines may share an adaptive-k policy (decoding/k_policy.py), so what it measured carries
+        over from batch to batch: those on the same models (step times are theirs) that choose k under
+        the same K, mode and model-free proposer (acceptance is the proposers'). Batch size is not in it:
+        the policy times each row count apart."""
+        return (target, draft, dtype, self.num_speculative_tokens, self.fixed_k, self.model_free)

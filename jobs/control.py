@@ -16,6 +16,7 @@ from specq.db.session import Database, schema_ready
 from specq.db.states import JOB_TERMINAL, JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
 from specq.errors import JobActiveError, JobNotFoundError
+from specq.jobs.settings import JobSettings
 from specq.queue import Chunk
 
 
@@ -103,11 +104,11 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
     """
     with db.session() as session:
         job = _locked_job(db, session, job_id)
-        previous = job.state
+        previous, settings = job.state, JobSettings.from_stored(job.settings)
         if job.state == JobState.CANCELLED:
             winding_down = _still_running(session, job_id)
             if winding_down:
-                return RetryOutcome(previous, previous, {}, [], job.settings.get("device"), winding_down)
+                return RetryOutcome(previous, previous, {}, [], settings.device, winding_down)
         if job.state == JobState.EXPIRED:
             job.expires_at = None  # a retried job has no window: it would expire again at once
         retryable = [s for s in request_sources(RequestState.QUEUED) if s != RequestState.RUNNING]
@@ -135,7 +136,7 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
             )
             # a failed request counted in `failed` and generated no tokens
             job.failed -= n_failed
-        size = job.settings["chunk_size"]
+        size = settings.chunk_size
         queued = select(Request.seq // size).where(Request.job_id == job_id, Request.state == RequestState.QUEUED)
         if enqueued and job.state not in JOB_TERMINAL:
             # a job still under way has its other queued requests' chunks on the broker already (a lost one
@@ -149,7 +150,7 @@ def retry_job(db: Database, job_id: str, enqueued: bool = False) -> RetryOutcome
             job.state, job.finished_at = JobState.QUEUED, None
         job.enqueued_at = utcnow() if enqueued else None
         chunks = [(job_id, int(i) * size, min((int(i) + 1) * size, job.total)) for i in sorted(firsts)]
-        return RetryOutcome(previous, job.state, dict(requeued), chunks, job.settings.get("device"))
+        return RetryOutcome(previous, job.state, dict(requeued), chunks, settings.device)
 
 
 def delete_job(db: Database, job_id: str) -> int:

@@ -1,5 +1,5 @@
-"""From stored settings to the engine's inputs: a job's DecodingConfig, a request's SamplingParams, and
-the engine request itself (`engine_request`).
+"""From a job's settings to the engine's inputs: a request's SamplingParams and the engine request itself
+(`engine_request`); the job's own settings are `jobs.settings.JobSettings`.
 
 `specq run` and the queue both go through here, so the same line decodes the same way in both.
 A line's overrides win over the job's defaults, which win over SamplingParams' own defaults.
@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from specq.decoding.config import DecodingConfig
 from specq.decoding.types import SAMPLING_KEYS, GenerationRequest, GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
@@ -39,13 +38,6 @@ def choice_overrides(overrides: dict[str, Any], choice: int) -> dict[str, Any]:
     if choice == 0 or overrides.get("seed") is None:
         return overrides
     return {**overrides, "seed": (overrides["seed"] + choice * _CHOICE_SEED_STEP) % 2**63}
-
-
-def decoding_config(settings: dict[str, Any]) -> DecodingConfig:
-    """The job's DecodingConfig from its stored settings (unknown keys from newer versions ignored)."""
-    stored = settings.get("decoding", {})
-    known = DecodingConfig.__dataclass_fields__.keys()
-    return DecodingConfig(**{k: v for k, v in stored.items() if k in known})
 
 
 class PromptLine(Protocol):

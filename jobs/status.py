@@ -22,6 +22,7 @@ engine's tokens and seconds over its ended batches.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +35,7 @@ from specq.db.states import JOB_TERMINAL, WorkerState
 from specq.db.types import utcnow
 from specq.decoding.stats import PROPOSER_COUNTERS, empty_by_proposer
 from specq.errors import JobNotFoundError
+from specq.jobs.settings import JobSettings
 from specq.queue import QueueSettings
 
 
@@ -41,22 +43,97 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class ProposerAcceptance:
+    """One proposer's drafts over the job, and the acceptance rate they had."""
+
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float  # 0.0 where it proposed nothing
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """OpenAI's batch usage: summed over the job's results."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job's state, counts and metrics (the module docstring defines the rates). Its JSON form,
+    `to_json`, is what `specq status --json` prints: these fields, in this order."""
+
+    id: str
+    state: str  # a JobState
+    total: int
+    completed: int
+    failed: int
+    remaining: int  # neither completed nor failed yet
+    generated_tokens: int
+    tokens_per_second: float  # the contract's name for the wall rate
+    wall_tokens_per_second: float
+    engine_tokens_per_second: float
+    usage: TokenUsage
+    # 0.0 with no drafts yet (or no draft model), as EngineStats reports it
+    acceptance_rate: float
+    mean_acceptance_length: float
+    acceptance_per_position: list[float]
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_by_proposer: dict[str, ProposerAcceptance]
+    target: str
+    draft: str | None
+    model_free: str | None
+    input: str
+    metadata: dict[str, str]
+    completion_window: str | None
+    expires_at: str | None  # ISO 8601 times, UTC
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    elapsed_s: float  # since it started, to its end or to now
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in JOB_TERMINAL
+
+    @property
+    def done(self) -> int:
+        """Requests that ended, completed or failed."""
+        return self.completed + self.failed
+
+    @property
+    def acceptance(self) -> float | None:
+        """The acceptance rate; None where no draft token was proposed (target-only, or none yet)."""
+        return self.acceptance_rate if self.num_draft_tokens else None
+
+
+@dataclass
+class _Counters:
+    """A job's raw counters summed over its batches and results."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    per_position: list[int] = field(default_factory=list)  # drafts whose token i was accepted
+    by_proposer: dict[str, dict[str, int]] = field(default_factory=empty_by_proposer)
+    engine_tokens: int = 0
+    engine_seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def _speculation(session: Session, job_ids: list[str]) -> dict[str, _Counters]:
     """Per job: summed draft counters and per-position acceptance."""
-    out: dict[str, dict[str, Any]] = {
-        job_id: {
-            "num_drafts": 0,
-            "num_draft_tokens": 0,
-            "num_accepted_tokens": 0,
-            "per_position": [],
-            "by_proposer": empty_by_proposer(),
-            "engine_tokens": 0,
-            "engine_seconds": 0.0,
-            "prompt_tokens": 0,
-            "completion_tokens": 0,
-        }
-        for job_id in job_ids
-    }
+    out = {job_id: _Counters() for job_id in job_ids}
     rows = session.execute(
         select(
             Batch.job_id,
@@ -73,19 +150,19 @@ def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, An
     for job_id, drafts, draft_tokens, accepted, per_position, by_proposer, generated, seconds, ended_at in rows:
         agg = out[job_id]
         if ended_at is not None:  # a running batch has written its draft counters so far, nothing else
-            agg["engine_tokens"] += generated
-            agg["engine_seconds"] += seconds
-        agg["num_drafts"] += drafts
-        agg["num_draft_tokens"] += draft_tokens
-        agg["num_accepted_tokens"] += accepted
-        sums = agg["per_position"]
+            agg.engine_tokens += generated
+            agg.engine_seconds += seconds
+        agg.num_drafts += drafts
+        agg.num_draft_tokens += draft_tokens
+        agg.num_accepted_tokens += accepted
+        sums = agg.per_position
         for i, n in enumerate(per_position or []):
             if i < len(sums):
                 sums[i] += n
             else:
                 sums.append(n)
         for name, counters in (by_proposer or {}).items():
-            totals = agg["by_proposer"].setdefault(name, dict.fromkeys(PROPOSER_COUNTERS, 0))
+            totals = agg.by_proposer.setdefault(name, dict.fromkeys(PROPOSER_COUNTERS, 0))
             for key in PROPOSER_COUNTERS:
                 totals[key] += int(counters.get(key, 0))
     usage = session.execute(
@@ -95,62 +172,57 @@ def _speculation(session: Session, job_ids: list[str]) -> dict[str, dict[str, An
         .group_by(Request.job_id)
     )
     for job_id, prompt_tokens, completion_tokens in usage:
-        out[job_id]["prompt_tokens"] = int(prompt_tokens or 0)
-        out[job_id]["completion_tokens"] = int(completion_tokens or 0)
+        out[job_id].prompt_tokens = int(prompt_tokens or 0)
+        out[job_id].completion_tokens = int(completion_tokens or 0)
     return out
 
 
-def _describe(job: Job, spec: dict[str, Any], now: datetime) -> dict[str, Any]:
-    drafts, draft_tokens, accepted = spec["num_drafts"], spec["num_draft_tokens"], spec["num_accepted_tokens"]
+def _describe(job: Job, spec: _Counters, now: datetime) -> JobStatus:
+    drafts, draft_tokens, accepted = spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens
     elapsed = ((job.finished_at or now) - job.started_at).total_seconds() if job.started_at else 0.0
     wall_rate = job.generated_tokens / elapsed if elapsed > 0 else 0.0
-    return {
-        "id": job.id,
-        "state": job.state,
-        "total": job.total,
-        "completed": job.completed,
-        "failed": job.failed,
-        "remaining": job.total - job.completed - job.failed,
-        "generated_tokens": job.generated_tokens,
-        "tokens_per_second": wall_rate,
-        "wall_tokens_per_second": wall_rate,
-        "engine_tokens_per_second": spec["engine_tokens"] / spec["engine_seconds"] if spec["engine_seconds"] else 0.0,
-        "usage": {
-            "prompt_tokens": spec["prompt_tokens"],
-            "completion_tokens": spec["completion_tokens"],
-            "total_tokens": spec["prompt_tokens"] + spec["completion_tokens"],
-        },
-        # 0.0 with no drafts yet (or no draft model), as EngineStats reports it
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 0.0,
-        "acceptance_per_position": [n / drafts for n in spec["per_position"]] if drafts else [],
-        "num_drafts": drafts,
-        "num_draft_tokens": draft_tokens,
-        "num_accepted_tokens": accepted,
-        "acceptance_by_proposer": {
-            name: {
+    return JobStatus(
+        id=job.id,
+        state=job.state,
+        total=job.total,
+        completed=job.completed,
+        failed=job.failed,
+        remaining=job.total - job.completed - job.failed,
+        generated_tokens=job.generated_tokens,
+        tokens_per_second=wall_rate,
+        wall_tokens_per_second=wall_rate,
+        engine_tokens_per_second=spec.engine_tokens / spec.engine_seconds if spec.engine_seconds else 0.0,
+        usage=TokenUsage(spec.prompt_tokens, spec.completion_tokens, spec.prompt_tokens + spec.completion_tokens),
+        acceptance_rate=accepted / draft_tokens if draft_tokens else 0.0,
+        mean_acceptance_length=1.0 + accepted / drafts if drafts else 0.0,
+        acceptance_per_position=[n / drafts for n in spec.per_position] if drafts else [],
+        num_drafts=drafts,
+        num_draft_tokens=draft_tokens,
+        num_accepted_tokens=accepted,
+        acceptance_by_proposer={
+            name: ProposerAcceptance(
                 **counters,
-                "acceptance_rate": counters["accepted_tokens"] / counters["draft_tokens"]
+                acceptance_rate=counters["accepted_tokens"] / counters["draft_tokens"]
                 if counters["draft_tokens"]
                 else 0.0,
-            }
-            for name, counters in spec["by_proposer"].items()
+            )
+            for name, counters in spec.by_proposer.items()
         },
-        "target": job.target,
-        "draft": job.draft,
-        "model_free": job.settings.get("decoding", {}).get("model_free"),
-        "input": job.input_name,
-        "metadata": job.user_metadata or {},
-        "completion_window": job.completion_window,
-        "expires_at": _iso(job.expires_at),
-        "created_at": _iso(job.created_at),
-        "started_at": _iso(job.started_at),
-        "finished_at": _iso(job.finished_at),
-        "elapsed_s": elapsed,
-    }
+        target=job.target,
+        draft=job.draft,
+        model_free=JobSettings.from_stored(job.settings).decoding.model_free,
+        input=job.input_name,
+        metadata=job.user_metadata or {},
+        completion_window=job.completion_window,
+        expires_at=_iso(job.expires_at),
+        created_at=_iso(job.created_at),
+        started_at=_iso(job.started_at),
+        finished_at=_iso(job.finished_at),
+        elapsed_s=elapsed,
+    )
 
 
-def job_status(db: Database, job_id: str) -> dict[str, Any]:
+def job_status(db: Database, job_id: str) -> JobStatus:
     """One job's state, counts and metrics; JobNotFoundError if there is none with this id."""
     with db.session() as session:
         job = session.get(Job, job_id) if schema_ready(db) else None
@@ -161,7 +233,7 @@ def job_status(db: Database, job_id: str) -> dict[str, Any]:
 
 def recent_jobs(
     db: Database, limit: int = 20, *, state: str | None = None, since: timedelta | None = None
-) -> list[dict[str, Any]]:
+) -> list[JobStatus]:
     """The `limit` most recent jobs, newest first; only those in `state`, only those created in the last
     `since`, where given."""
     if not schema_ready(db):
@@ -176,10 +248,6 @@ def recent_jobs(
         spec = _speculation(session, [job.id for job in jobs])
         now = utcnow()
         return [_describe(job, spec[job.id], now) for job in jobs]
-
-
-def job_ended(state: str) -> bool:
-    return state in JOB_TERMINAL
 
 
 def compile_summary(report: dict[str, Any] | None) -> str:

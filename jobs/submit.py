@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import delete
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -44,22 +43,20 @@ from specq.jobs.input_source import InputSource, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
 from specq.jobs.services import check_broker
+from specq.jobs.settings import JobSettings
 from specq.jobs.store import insert_requests
-from specq.queue import DEFAULT_MAX_ATTEMPTS, Chunk, QueueSettings
+from specq.queue import Chunk, QueueSettings
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What to run: the models and the resolved generation settings, stored with the job."""
+    """What to run: the models, the generation settings stored with the job, and its OpenAI Batch fields."""
 
     target: str
     draft: str | None
-    decoding: dict[str, Any]  # DecodingConfig.to_dict()
-    sampling: dict[str, Any]  # the job's default sampling settings (only those given)
-    device: str | None = None  # for the in-process run; queue workers use their own device
-    dtype: str | None = None
+    settings: JobSettings = field(default_factory=JobSettings)  # its chunk size is decided when stored
     # `--chat-template`'s text: chat lines are rendered with it at submit; the job stores their token ids,
     # not the template (jobs.chat_template)
     chat_template: str | None = None
@@ -67,24 +64,6 @@ class JobSpec:
     metadata: dict[str, str] | None = None  # `--metadata` pairs, shown by status (OpenAI Batch's metadata)
     completion_window: str | None = None  # as given, e.g. "24h"; requests not started by then expire
     completion_window_s: float | None = None  # the same, in seconds
-    compile: str = "auto"  # --compile: workers compile the models as it says (auto: their own choice)
-    # a request whose worker died this many times while running it fails instead of running again
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-
-    def settings(self, chunk_size: int) -> dict[str, Any]:
-        return {
-            "decoding": self.decoding,
-            "sampling": self.sampling,
-            "device": self.device,
-            "dtype": self.dtype,
-            "chunk_size": chunk_size,
-            "max_attempts": self.max_attempts,
-            "compile": self.compile,
-        }
 
 
 @dataclass(frozen=True)
@@ -192,7 +171,7 @@ def _store_job(
             served_model_name=spec.served_model_name,
             user_metadata=spec.metadata or None,
             completion_window=spec.completion_window,
-            settings=spec.settings(0),
+            settings=spec.settings.to_stored(),
             total=0,
         )
         session.add(job)
@@ -203,8 +182,8 @@ def _store_job(
         if total == 0:
             raise BadInputError([f"{name}: the file has no requests"])
         models.wait()
-        chunk_size = QueueSettings.from_env().chunk_size(total, int(spec.decoding.get("batch_size", 8)))
-        job.total, job.settings = total, spec.settings(chunk_size)
+        chunk_size = QueueSettings.from_env().chunk_size(total, spec.settings.decoding.batch_size)
+        job.total, job.settings = total, replace(spec.settings, chunk_size=chunk_size).to_stored()
         if spec.completion_window_s is not None:  # the window opens when the job is stored and queued
             job.expires_at = utcnow() + timedelta(seconds=spec.completion_window_s)
         # set just before the enqueue: a sweeper treats a chunk as lost only once this is old

@@ -4,34 +4,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from specq.db.session import Database
 from specq.jobs.expiry import expire_due_jobs
 from specq.jobs.patience import Patient
-from specq.jobs.status import job_ended, job_status
+from specq.jobs.status import JobStatus, job_status
 
 
 def wait_for_job(
     db: Database,
     job_id: str,
-    on_update: Callable[[dict[str, Any]], None],
+    on_update: Callable[[JobStatus], None],
     *,
     interval_s: float = 0.5,
     give_up: Callable[[], bool] = lambda: False,
     patient: Patient | None = None,
-) -> dict[str, Any]:
+) -> JobStatus:
     """Poll every `interval_s` until the job ends (or `give_up()` says the work stopped); returns the
     last status. `patient`: each poll rides out a database outage through it (jobs.patience)."""
     while True:
         stopped = give_up()  # read before the status, so the last poll sees everything the work wrote
 
-        def poll() -> dict[str, Any]:
+        def poll() -> JobStatus:
             expire_due_jobs(db, job_id)  # a job that no worker serves still ends on time
             return job_status(db, job_id)
 
         status = patient(poll) if patient else poll()
         on_update(status)
-        if job_ended(status["state"]) or stopped:
+        if status.ended or stopped:
             return status
         time.sleep(interval_s)

@@ -87,9 +87,11 @@ def test_pickle_refused_and_credentials_masked(secret_urls, tiny_pair, tmp_path)
     env = services_env(db_url, broker, tmp_path / "home")
     # a job stored but not enqueued (no broker for the submit): only the pickle message will name it
     path = write_requests(tmp_path / "in.jsonl", [PLAIN])
+    from specq.decoding.config import DecodingConfig
+    from specq.jobs.settings import JobSettings
     from specq.jobs.submit import JobSpec, submit_job
 
-    spec = JobSpec(target=tiny_pair[0], draft=None, decoding={"batch_size": 1}, sampling={})
+    spec = JobSpec(target=tiny_pair[0], draft=None, settings=JobSettings(decoding=DecodingConfig(batch_size=1)))
     job_id = submit_job(path, spec, database_url=db_url, broker=None, models_checked=True).job_id
 
     worker = SpecqWorker(env, tmp_path / "worker.log").wait_ready()

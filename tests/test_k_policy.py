@@ -188,6 +188,25 @@ def test_a_hybrids_draft_model_goes_as_deep_as_alone_unless_k_is_given():
         DecodingConfig(num_speculative_tokens=4, draft_model_depth=5)
 
 
+def test_engines_share_a_policy_only_on_the_same_models_and_speculation_settings():
+    from specq.decoding.config import DecodingConfig
+
+    def key(config: DecodingConfig, dtype: str | None = None) -> tuple:
+        return config.policy_key("target", "draft", dtype)
+
+    base = DecodingConfig(num_speculative_tokens=4)
+    assert key(base) == ("target", "draft", None, 4, False, None)
+    assert key(DecodingConfig(num_speculative_tokens=4, batch_size=32)) == key(base)  # it times each row count apart
+    others = [
+        key(base, "float16"),
+        key(DecodingConfig(num_speculative_tokens=6)),
+        key(DecodingConfig(num_speculative_tokens=4, fixed_k=True)),
+        key(DecodingConfig(num_speculative_tokens=4, model_free="ngram")),
+        DecodingConfig(num_speculative_tokens=4).policy_key("target", None, None),
+    ]
+    assert key(base) not in others and len(set(others)) == len(others)
+
+
 def test_after_choosing_no_speculation_it_rests_without_offers_until_the_next_probe():
     # compute-bound: k = 0 wins, and until a probe is due the engine is told to make no offers
     policy = SpeculationPolicy(4, fixed=False, probe_interval=16)

@@ -37,7 +37,8 @@ from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
 from specq.jobs.expiry import expire_if_due
-from specq.jobs.params import decoding_config, engine_request
+from specq.jobs.params import engine_request
+from specq.jobs.settings import JobSettings
 from specq.queue import Chunk
 from specq.worker import faults
 from specq.worker.claims import (
@@ -46,7 +47,6 @@ from specq.worker.claims import (
     claim_chunk,
     exhausted_result,
     mark_started,
-    max_attempts,
     release_claimed,
 )
 from specq.worker.context import WorkerContext
@@ -55,6 +55,7 @@ from specq.worker.results import end_batch, record_batch_progress, start_batch, 
 from specq.worker.startup import is_worker_side_load_failure
 
 if TYPE_CHECKING:
+    from specq.decoding.engine import SpeculativeEngine
     from specq.models.loading import ModelPair
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class _Unfinished:
 
 
 def _prepare(
-    ctx: WorkerContext, pair: ModelPair, claimed: list[ClaimedRequest], settings: dict[str, Any]
+    ctx: WorkerContext, pair: ModelPair, claimed: list[ClaimedRequest], settings: JobSettings
 ) -> tuple[list[_Prepared], list[GenerationResult]]:
     """Resolve sampling settings over the job's and take the prompt's token ids; a request that cannot
     be prepared fails alone.
@@ -106,19 +107,18 @@ def _prepare(
     from specq.models.loading import has_chat_template
 
     ready, failed = [], []
-    defaults, template = settings.get("sampling", {}), settings.get("chat_template")
     unrendered = [r.id for r in claimed if r.messages is not None and r.prompt_token_ids is None]
     chat = None
-    if unrendered and (template is not None or has_chat_template(pair.tokenizer)):
+    if unrendered and (settings.chat_template is not None or has_chat_template(pair.tokenizer)):
         from specq.jobs.chat_render import ChatTokens
 
         with ctx.db.session() as session:
             mark_started(session, unrendered, ctx.config.name)
         ctx.started.update(unrendered)
-        chat = ChatTokens(pair.tokenizer, template)
+        chat = ChatTokens(pair.tokenizer, settings.chat_template)
     try:
         for request in claimed:
-            prepared = engine_request(request.id, request, pair.tokenizer, defaults, chat)
+            prepared = engine_request(request.id, request, pair.tokenizer, settings.sampling, chat)
             if isinstance(prepared, GenerationResult):
                 failed.append(prepared)
             else:
@@ -287,10 +287,11 @@ class _Writer:
         return self.job_state == JobState.CANCELLED
 
 
-# -- a group: one engine run per batch size, halved on out-of-memory errors -------------------------------
+# -- a batch: open -> run -> store as results come -> close (rq's perform_job) ---------------------------
 def _run_batch(
     ctx: WorkerContext,
     job: Job,
+    settings: JobSettings,
     pair: ModelPair,
     config: DecodingConfig,
     pending: dict[int, _Prepared],
@@ -300,61 +301,95 @@ def _run_batch(
     """One engine run over the pending requests, each result stored as it comes; returns the error's
     text when the device ran out of memory (only the text: nothing may keep the engine alive), else None.
     An engine that fails otherwise fails the requests it had not finished, with the reason."""
+    batch_id = _open_batch(ctx, job.id, len(pending))
+    engine = _engine(ctx, job, settings, pair, config)
+    writer.running = (batch_id, engine.stats)
+    results: Iterator[GenerationResult] = engine.generate(feed.requests(list(pending.values())))
+    try:
+        _store_as_generated(ctx, results, pending, feed, writer, config.batch_size)
+    except SQLAlchemyError:
+        raise  # the database, not the engine: the task retries the chunk
+    except Exception as exc:
+        return _engine_failed(job.id, exc, pending, writer)
+    finally:
+        _close_batch(ctx, results, writer, config.batch_size)
+    return None
+
+
+def _open_batch(ctx: WorkerContext, job_id: str, size: int) -> int:
+    """The batch's row, and the worker's row busy with it; the batch's id."""
+    with ctx.db.session() as session:
+        batch_id = start_batch(session, job_id, ctx.config.name, ctx.config.device, size)
+    _set_worker(ctx, WorkerState.BUSY, job_id, batch_id)
+    return batch_id
+
+
+def _engine(
+    ctx: WorkerContext, job: Job, settings: JobSettings, pair: ModelPair, config: DecodingConfig
+) -> SpeculativeEngine:
+    """An engine for one batch, with the adaptive-k policy this worker's earlier engines on the same
+    models and speculation settings measured, and the job's suffix index where it drafts from one."""
     from specq.decoding.engine import SpeculativeEngine
 
-    with ctx.db.session() as session:
-        batch_id = start_batch(session, job.id, ctx.config.name, ctx.config.device, len(pending))
-    _set_worker(ctx, WorkerState.BUSY, job.id, batch_id)
-    policy_key = (
-        job.target,
-        job.draft,
-        job.settings.get("dtype"),
-        config.num_speculative_tokens,
-        config.fixed_k,
-        config.model_free,
-    )
+    policy_key = config.policy_key(job.target, job.draft, settings.dtype)
     suffix_index = ctx.suffix_index(job.id) if config.model_free == "suffix" else None
     engine = SpeculativeEngine(
         pair.target, pair.tokenizer, pair.draft, config, policy=ctx.policies.get(policy_key), suffix_index=suffix_index
     )
     ctx.policies[policy_key] = engine.policy
-    writer.running = (batch_id, engine.stats)
-    results: Iterator[GenerationResult] = engine.generate(feed.requests(list(pending.values())))
-    try:
-        for result in results:
-            pending.pop(result.key, None)
-            feed.finished(result.key)
-            writer.add(result, hold=not pending)
-            if ctx.metrics is not None:
-                ctx.metrics.set_load(writer.model, ctx.config.device, len(pending), config.batch_size)
-            if writer.cancelled:
-                break
-    except SQLAlchemyError:
-        raise  # the database, not the engine: the task retries the chunk
-    except Exception as exc:
-        if is_out_of_memory(exc):
-            return str(exc)
-        # the engine failed the whole batch (a bug, a bad kernel): its unfinished requests fail with the
-        # reason; `specq retry` can requeue them
-        log.exception("the engine failed on a batch of job %s", job.id)
-        for request_id in list(pending):
-            writer.add(GenerationResult.failed(request_id, f"the engine failed: {type(exc).__name__}: {exc}"))
-        pending.clear()
-    finally:
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()
-        writer.running = None
-        writer.flush(batch=(batch_id, engine.stats))
+    return engine
+
+
+def _store_as_generated(
+    ctx: WorkerContext,
+    results: Iterator[GenerationResult],
+    pending: dict[int, _Prepared],
+    feed: _Feed,
+    writer: _Writer,
+    batch_size: int,
+) -> None:
+    """Store each result as the engine yields it, until none is pending or the job was cancelled."""
+    for result in results:
+        pending.pop(result.key, None)
+        feed.finished(result.key)
+        writer.add(result, hold=not pending)
         if ctx.metrics is not None:
-            ctx.metrics.add_stats(writer.model, ctx.config.device, engine.stats)
-            ctx.metrics.set_load(writer.model, ctx.config.device, 0, config.batch_size)
+            ctx.metrics.set_load(writer.model, ctx.config.device, len(pending), batch_size)
+        if writer.cancelled:
+            break
+
+
+def _engine_failed(job_id: str, exc: Exception, pending: dict[int, _Prepared], writer: _Writer) -> str | None:
+    """The text of an out-of-memory error, for the caller to split the batch; any other error fails the
+    requests the engine had not finished, with the reason (a bug, a bad kernel: `specq retry` can
+    requeue them)."""
+    if is_out_of_memory(exc):
+        return str(exc)
+    log.exception("the engine failed on a batch of job %s", job_id)
+    for request_id in list(pending):
+        writer.add(GenerationResult.failed(request_id, f"the engine failed: {type(exc).__name__}: {exc}"))
+    pending.clear()
     return None
 
 
+def _close_batch(ctx: WorkerContext, results: Iterator[GenerationResult], writer: _Writer, batch_size: int) -> None:
+    """However the run ended: stop the engine's generator, store what is buffered with the batch's
+    counters (one transaction), and report the counters and an idle load to the metrics."""
+    close = getattr(results, "close", None)
+    if close is not None:
+        close()
+    batch, writer.running = writer.running, None  # (its id, the engine's counters), set as it opened
+    writer.flush(batch=batch)
+    if ctx.metrics is not None and batch is not None:
+        ctx.metrics.add_stats(writer.model, ctx.config.device, batch[1])
+        ctx.metrics.set_load(writer.model, ctx.config.device, 0, batch_size)
+
+
+# -- a group: one engine run per batch size, halved on out-of-memory errors -------------------------------
 def _generate_group(
     ctx: WorkerContext,
     job: Job,
+    settings: JobSettings,
     pair: ModelPair,
     group: list[_Prepared],
     writer: _Writer,
@@ -363,11 +398,11 @@ def _generate_group(
     """Run one group through the engine, halving the batch size while the device runs out of memory; a
     request that does not fit even alone fails. Returns what it did not finish: the job was cancelled
     (what is left is given up), or the worker is stopping (what is left was never handed over)."""
-    config = decoding_config(job.settings)
+    config = settings.decoding
     pending = {p.claimed.id: p for p in group}  # in the group's order
     feed = _Feed(ctx, config.batch_size, injected)
     while pending and not writer.cancelled:
-        out_of_memory = _run_batch(ctx, job, pair, config, pending, feed, writer)
+        out_of_memory = _run_batch(ctx, job, settings, pair, config, pending, feed, writer)
         if out_of_memory is None:
             break
         _free_memory(ctx.config.device)
@@ -391,9 +426,9 @@ def _generate_group(
 
 
 # -- a chunk: triage -> run -> settle (rq's perform_job) ---------------------------------------------------
-def _triage(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest]) -> _Triage:
+def _triage(ctx: WorkerContext, job: Job, settings: JobSettings, claimed: list[ClaimedRequest]) -> _Triage:
     """Which claims run, which run alone, and which have killed too many workers to run again."""
-    limit = max_attempts(job.settings)
+    limit = settings.max_attempts
     # started before, by a worker that is gone (not by this process, whose chunk a database error cut)
     elsewhere = [c for c in claimed if c.suspect and c.id not in ctx.started]
     exhausted = {c.id for c in elsewhere if c.starts >= limit}
@@ -408,7 +443,7 @@ def _triage(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest]) -> _Tri
     return _Triage([c for c in claimed if c.id not in exhausted], suspects, failed)
 
 
-def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unfinished:
+def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, writer: _Writer) -> _Unfinished:
     """Load the models, prepare the requests and run them group by group; every result goes to `writer`.
     Models that do not load because of this worker leave the requests unfinished (given back) and mark
     the worker unusable; models that do not fit together fail the requests, as does a request that
@@ -416,9 +451,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
     for result in triage.exhausted:
         writer.add(result)
     try:
-        pair = ctx.models.get(
-            job.target, job.draft, job.settings.get("dtype"), ctx.config.device, job.settings.get("compile", "auto")
-        )
+        pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, settings.compile)
     except Exception as exc:  # ModelLoadError, or out of memory while loading
         if ctx.config.broker is not None and is_worker_side_load_failure(exc):
             # this worker's fault (disk, permissions, memory), not the job's: another worker may load
@@ -432,7 +465,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
     if ctx.metrics is not None:
         ctx.metrics.set_compiled(writer.model, ctx.config.device, pair.compiled, pair.warm_up_s)
     _record_compiled(ctx, pair.compile_report())
-    ready, failed = _prepare(ctx, pair, triage.runnable, job.settings)
+    ready, failed = _prepare(ctx, pair, triage.runnable, settings)
     for result in failed:
         writer.add(result)
     injected = faults.installed()  # once per chunk, not per request
@@ -441,7 +474,7 @@ def _run(ctx: WorkerContext, job: Job, triage: _Triage, writer: _Writer) -> _Unf
         if writer.cancelled or ctx.shared.stopping.is_set():
             unfinished.ids.update(p.claimed.id for p in group)
         else:
-            unfinished |= _generate_group(ctx, job, pair, group, writer, injected)
+            unfinished |= _generate_group(ctx, job, settings, pair, group, writer, injected)
     return unfinished
 
 
@@ -488,7 +521,8 @@ def _run_claimed(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest], ch
         for _ in claimed:
             ctx.metrics.queue_time.labels(writer.model, ctx.config.device).observe(waited)
     try:
-        unfinished = _run(ctx, job, _triage(ctx, job, claimed), writer)
+        settings = JobSettings.from_stored(job.settings)
+        unfinished = _run(ctx, job, settings, _triage(ctx, job, settings, claimed), writer)
     finally:
         writer.flush()
         _set_worker(ctx, WorkerState.IDLE, None, None)

@@ -26,7 +26,8 @@ from specq.db.models import Job, Request
 from specq.db.states import NOT_CLAIMABLE, JobState, RequestState, job_sources, request_sources
 from specq.db.types import utcnow
 from specq.decoding.types import GenerationResult
-from specq.queue import DEFAULT_MAX_ATTEMPTS, Chunk
+from specq.jobs.settings import JobSettings
+from specq.queue import Chunk
 from specq.worker.results import store_results
 
 
@@ -181,11 +182,6 @@ def release_claimed(session: Session, request_ids: Sequence[int], unstarted: Seq
     return session.execute(stmt).rowcount  # type: ignore[attr-defined]
 
 
-def max_attempts(settings: dict[str, Any]) -> int:
-    """The job's limit on starts whose worker died (stored with its settings; older jobs: the default)."""
-    return int(settings.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)
-
-
 def exhausted_error(starts: int, owner: str | None) -> str:
     last = f" (last: {owner})" if owner else ""
     return (
@@ -217,7 +213,7 @@ def requeue_expired(session: Session) -> list[Chunk]:
     if not expired:
         return []
     jobs = {
-        job_id: (max_attempts(settings), state)
+        job_id: (JobSettings.from_stored(settings).max_attempts, state)
         for job_id, settings, state in session.execute(
             select(Job.id, Job.settings, Job.state).where(Job.id.in_({row.job_id for row in expired}))
         )
@@ -255,7 +251,7 @@ def chunks_of(session: Session, seqs: dict[str, set[int]]) -> list[Chunk]:
     if not seqs:
         return []
     jobs = {
-        job_id: (settings["chunk_size"], total)
+        job_id: (JobSettings.from_stored(settings).chunk_size, total)
         for job_id, settings, total in session.execute(select(Job.id, Job.settings, Job.total).where(Job.id.in_(seqs)))
     }
     chunks = []

@@ -18,6 +18,7 @@ from specq.queue import Chunk, QueueSettings
 from specq.worker.model_cache import ModelCache
 
 if TYPE_CHECKING:
+    from specq.decoding.config import PolicyKey
     from specq.decoding.k_policy import SpeculationPolicy
     from specq.decoding.suffix_index import SuffixIndex
     from specq.worker.metrics import WorkerMetrics
@@ -77,7 +78,7 @@ class WorkerContext:
         self.models = models if models is not None else ModelCache()
         # one adaptive-k policy per model pair and speculation setting, so the step times and acceptance it
         # measured carry over from batch to batch instead of being learnt again each time
-        self.policies: dict[tuple, SpeculationPolicy] = {}
+        self.policies: dict[PolicyKey, SpeculationPolicy] = {}
         # the suffix index of each job this worker serves with `--draft suffix`, fed by its prompts and
         # outputs from batch to batch; the least recently served beyond MAX_SUFFIX_INDEXES dropped
         self.suffix_indexes: OrderedDict[str, SuffixIndex] = OrderedDict()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from specq.db.session import Database
 from specq.queue import Chunk
 from specq.worker.context import SharedState
+
+if TYPE_CHECKING:
+    from specq.jobs.status import JobStatus
 
 
 def run_chunks_here(
@@ -44,8 +47,8 @@ def run_job_here(
     job_id: str,
     chunks: Iterable[Chunk],
     device: str | None,
-    on_status: Callable[[dict[str, Any]], None],
-) -> dict[str, Any]:
+    on_status: Callable[[JobStatus], None],
+) -> JobStatus:
     """Run a submitted job's chunks in a thread of this process (`run_chunks_here`) and wait until the job
     ends, passing each status read to `on_status`; return the last status.
 

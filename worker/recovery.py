@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from specq.db.models import Job, Request
 from specq.db.states import JobState, RequestState
 from specq.db.types import utcnow
+from specq.jobs.settings import JobSettings
 from specq.queue import CHUNK_QUEUE_KEY, KEY_PREFIX, PROCESS_CHUNK_TASK, UNACKED_KEY, Chunk
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def stale_jobs(session: Session, lost_after_s: float) -> list[tuple[str, int, in
             .values(enqueued_at=now)
             .execution_options(synchronize_session=False)
         )
-    return [(job_id, int(settings["chunk_size"]), total) for job_id, settings, total in jobs]
+    return [(job_id, JobSettings.from_stored(settings).chunk_size, total) for job_id, settings, total in jobs]
 
 
 def queued_chunks(session: Session, job_id: str, chunk_size: int, total: int) -> list[Chunk]:
