@@ -179,12 +179,33 @@ _PROGRESS_EVERY_S = 30.0
 _progress: dict = {}
 
 
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        # Two xdist workers on two cores: a thread each. Two OpenMP pools of two threads spin against each
+        # other and run the torch-heavy tests several times slower than one pool did.
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_finish(session):
+    if not hasattr(session.config, "workerinput"):  # an xdist worker's lines would reach no one
+        _start_progress(session.config, len(session.items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under pytest-xdist the controller collects nothing itself: each worker reports the same ids."""
+    if not _progress.get("total"):
+        _start_progress(node.config, len(ids))
+
+
+def _start_progress(config, total):
     import time
 
     _progress.update(
-        reporter=session.config.pluginmanager.get_plugin("terminalreporter"),
-        total=len(session.items),
+        reporter=config.pluginmanager.get_plugin("terminalreporter"),
+        total=total,
         done=0,
         started=time.monotonic(),
         shown=time.monotonic(),

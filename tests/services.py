@@ -20,7 +20,22 @@ import pytest
 from tests.fleet_helpers import patience
 
 PG_ADMIN_URL = os.environ.get("SPECQ_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_TEST_URL = os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _redis_test_url() -> str:
+    """SPECQ_TEST_REDIS_URL (default db 15), one db lower for each further pytest-xdist worker (gw1: 14, ...),
+    so that parallel workers never flush each other's keys or take each other's tasks."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = urlsplit(os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    db = int(url.path.strip("/") or 0) - worker
+    if db < 0:
+        raise RuntimeError(f"SPECQ_TEST_REDIS_URL's db leaves no db of its own for xdist worker gw{worker}")
+    return urlunsplit(url._replace(path=f"/{db}"))
+
+
+REDIS_TEST_URL = _redis_test_url()
 _TABLES = ("results", "batches", "requests", "workers", "jobs")
 
 
