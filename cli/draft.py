@@ -97,7 +97,8 @@ def draft() -> None:
     type=click.Choice(("fkl", "tvd")),
     default="fkl",
     show_default=True,
-    help="The divergence to the target's distributions: forward KL or total variation (see the README).",
+    help="The divergence to the target's distributions: forward KL or total variation (docs/draft-train.md "
+    "says which and why).",
 )
 @click.option(
     "--teacher-top-k",
