@@ -97,7 +97,8 @@ def draft() -> None:
     type=click.Choice(("fkl", "tvd")),
     default="fkl",
     show_default=True,
-    help="The divergence to the target's distributions: forward KL or total variation (see the README).",
+    help="The divergence to the target's distributions: forward KL or total variation (docs/draft-train.md "
+    "says which and why).",
 )
 @click.option(
     "--teacher-top-k",
@@ -220,12 +221,15 @@ def train(
     resumes when the same command is run again. Exit 2 on bad prompts, a target that does not load or a
     DIR that exists.
     """
+    from specq.decoding.types import SamplingParams
     from specq.distill.run import train_draft
     from specq.distill.settings import DistillSettings, DraftShape
     from specq.distill.trainer import TrainingInterrupted
 
-    sampling: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
-    sampling.update((k, v) for k, v in (("top_p", top_p), ("top_k", top_k), ("seed", seed)) if v is not None)
+    # the sampling options given; those left out take SamplingParams' defaults
+    given: dict[str, Any] = {
+        name: value for name, value in (("top_p", top_p), ("top_k", top_k), ("seed", seed)) if value is not None
+    }
     with specq_errors():
         from specq.jobs.chat_template import load_chat_template
 
@@ -233,7 +237,7 @@ def train(
             settings = DistillSettings(
                 target=target,
                 data=data_path,
-                sampling=sampling,
+                sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, **given),
                 chat_template=None if chat_template is None else load_chat_template(chat_template),
                 device=device or None,
                 dtype=dtype.lower() if dtype else None,

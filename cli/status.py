@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,13 @@ def _fmt(value: Any) -> str:
         return f"{value:.3f}"
     if isinstance(value, list):
         return " ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in value) or "-"
-    return "-" if value is None else str(value)
+    return "-" if value is None else _escaped(str(value))
+
+
+def _escaped(text: str) -> str:
+    """`text` with each control character written as its escape (`\\n`, `\\x1b`): a string a user stored
+    (metadata, the input's name) must not drive the terminal or forge a line of the output."""
+    return "".join(c.encode("unicode_escape").decode() if unicodedata.category(c) == "Cc" else c for c in text)
 
 
 @cli.command("status")

@@ -94,7 +94,7 @@ def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None
         db = patient(lambda: open_database(database_url))
         found = patient(lambda: live_workers(db, include_gone=include_gone))
     if as_json:
-        click.echo(json.dumps(found))
+        click.echo(json.dumps([w.to_json() for w in found]))
         return
     if not found:
         click.echo("no live workers", err=True)
@@ -104,13 +104,13 @@ def workers(as_json: bool, include_gone: bool, database_url: str | None) -> None
 
     rows = [
         [
-            w["name"],
-            w["device"],
-            w["state"],
-            (w["last_heartbeat"] or "")[:19],
-            f"{w['heartbeat_age_s']:.0f}s",
-            f"{w['current_batch']} (job {w['current_job']})" if w["current_batch"] else "-",
-            compile_summary(w["compiled"]),
+            w.name,
+            w.device,
+            w.state,
+            (w.last_heartbeat or "")[:19],
+            f"{w.heartbeat_age_s:.0f}s",
+            f"{w.current_batch} (job {w.current_job})" if w.current_batch else "-",
+            compile_summary(w.compiled),
         ]
         for w in found
     ]

@@ -3,12 +3,12 @@ follows it.
 
 On a GPU a compiled forward always pays: an eager step is launch-bound. On a CPU the gain depends on
 the model's size and on the CPU itself: the same 2.75M-parameter draft's forward ran 1.49x faster
-compiled on one 2-core VM and 1.16x on another (docs/benchmarks.md), and one timing on a shared
-machine is noise: the same target measured 0.36x busy and 1.64x quiet, ninety minutes apart. So a
-measurement (`SpeedupMeasurement`) is many rounds taken in turns, eager and compiled side by side in
-each round with their order alternating, each side the best of a few calls: a busy spell slows both
-sides of a round alike, and the best of a few calls is the one least disturbed. Its spread is the
-rounds' quartiles.
+compiled on one 2-core VM and 1.16x on another (docs/benchmark-log/2026-12.md, "Compiled forwards"),
+and one timing on a shared machine is noise: the same target measured 0.36x busy and 1.64x quiet,
+ninety minutes apart. So a measurement (`SpeedupMeasurement`) is many rounds taken in turns, eager and
+compiled side by side in each round with their order alternating, each side the best of a few calls: a
+busy spell slows both sides of a round alike, and the best of a few calls is the one least disturbed.
+Its spread is the rounds' quartiles.
 
 `decide` is the rule: compile where the lower quartile of the rounds is at least `MIN_SPEEDUP` (three
 rounds in four measured the compiled step that much faster), run eagerly otherwise. A measurement

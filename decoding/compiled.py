@@ -10,7 +10,8 @@ a graph is specialised to the shapes it first sees, and a dimension turns symbol
 engine's ragged batches reuse a few graphs instead of compiling one per shape, while a dimension that
 never varies (the one row of a batch-1 job) keeps static kernels. On the 2-core CPU that made a decode
 step 2-10% faster than compiling every dimension dynamic (`python benchmarks/compile_shapes.py`,
-docs/benchmarks.md). The per-row cache (decoding/kv_cache.py) and its rollback are unchanged.
+docs/benchmark-log/2026-12.md, "Compiled forwards"). The per-row cache (decoding/kv_cache.py) and its
+rollback are unchanged.
 
 On CUDA (inductor) the forward is compiled with CUDA graphs too (`mode="reduce-overhead"`): an eager
 step there is launch-bound, and a graph replays the whole forward in one launch. A graph is recorded

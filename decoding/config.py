@@ -15,9 +15,11 @@ PolicyKey = tuple[str, str | None, str | None, int, bool, ModelFree | None]
 
 # K when none is given: a draft model's proposals cost a forward each, so 4; a looked-up proposal costs
 # none, and a long match pays up to the verify width (prompt lookup on the grounded workload at batch 1:
-# 2.61x target-only with 8, 2.22x with 4; docs/benchmarks.md). A hybrid with K not given takes each: its
-# draft model goes 4 deep, its lookups 8 (with the draft model 8 deep too, the hybrid verified wider than
-# the draft model alone for no more tokens, and lost to it on continuation at 16 rows; docs/benchmarks.md)
+# 2.61x target-only with 8, 2.22x with 4, on 44caf84: the command is in that commit's docs/benchmarks.md,
+# and the dated log does not hold the run). A hybrid with K not given takes each: its draft model goes 4
+# deep, its lookups 8 (with the draft model 8 deep too, the hybrid verified wider than the draft model
+# alone for no more tokens, and lost to it on continuation at 16 rows; docs/benchmark-log/2026-12.md,
+# "The hybrid's draft model goes 4 deep, as it does alone")
 DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 8
 
 
@@ -36,7 +38,8 @@ class DecodingConfig:
     # exact: modified rejection sampling (decoding/rejection.py); reproducible: the coupled exponential race
     # (decoding/sampling.py), where a seeded request's tokens do not depend on the batch, k or the draft.
     # The default: it costs 2-3 points of acceptance and no measurable tokens/s on the demo pair
-    # (docs/benchmarks.md), and a batch system's retries and audits need a seed to mean one output.
+    # (docs/benchmark-log/2026-12.md, "Sampling modes: what `--sampling reproducible` costs"), and a batch
+    # system's retries and audits need a seed to mean one output.
     sampling: SamplingMode = "reproducible"
     # a model-free proposer (decoding/model_free.py), alone or, with a draft model, beside it per row
     model_free: ModelFree | None = None

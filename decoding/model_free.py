@@ -9,7 +9,8 @@
   own prompt is prompt lookup's to copy from, as SuffixDecoding keeps a per-request tree for it, and
   the job's other prompts, where they share a template, repeat what the row's own prompt holds. Fed
   every prompt too, the index cost a compute-bound batch time where it was never used, and the suffix
-  contender was slower on every workload and batch size measured (docs/benchmarks.md, "The draft axis").
+  contender was slower on every workload and batch size measured (docs/benchmark-log/2026-12.md, "The
+  draft axis: target-only, draft model, ngram, suffix, hybrid").
 - `HybridProposer`: a draft model and a model-free proposer within ONE verify pass. Each step plans
   by the policy's expected tokens per second (`SpeculationPolicy.best_mix`, decoding/k_policy.py),
   which prices the draft model's forwards and the verify width: over every verify width k and draft

@@ -6,7 +6,8 @@ those m tokens alone (causal attention; a row's positions are its cache columns,
 so a row whose prompt starts with m tokens another row holds can take those m columns (copied from
 that row, or kept: a row refilled right after its request ended holds its last prompt still) and
 prefill from column m. On a templated job at batch 1 the prefill was about 15% of a target-only pass
-(docs/benchmarks.md); with the head reused, only each prompt's own tail is run.
+(docs/benchmark-log/2026-12.md, "A prompt's head that a row holds is not prefilled again"); with the head
+reused, only each prompt's own tail is run.
 
 Which rows hold what is known on the host: each row's prompt, recorded at its prefill, for as long as
 its columns are intact. A live row's prompt columns are never written again (a step writes at the

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.decoding.types import GenerationRequest, GenerationResult, SamplingParams
 from specq.errors import BadInputError, SpecqError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Decoded:
 def prepare_prompts(
     specs: Iterator[RequestSpec],
     tokenizer: PreTrainedTokenizerBase,
-    sampling: dict[str, Any],
+    sampling: SamplingParams,
     name: str,
 ) -> list[Prompt]:
     """Every validated line as an engine request (a line with `n` > 1 counts once: the draft learns from
@@ -65,7 +65,7 @@ def prepare_prompts(
 
     prompts, problems = [], []
     for key, spec in enumerate(specs):
-        request = engine_request(key, spec, tokenizer, sampling)
+        request = engine_request(key, spec, tokenizer, asdict(sampling))
         if isinstance(request, GenerationResult):
             problems.append(f"{name}:{spec.line}: {request.error}")
         else:

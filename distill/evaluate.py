@@ -38,14 +38,15 @@ def evaluate_draft(
     from specq.models.loading import load_pair, resolve_device
 
     pair = load_pair(settings.target, draft_dir, resolve_device(settings.device), settings.dtype)
+    sampling = settings.sampling
     bench = BenchSettings(
         batch_sizes=settings.eval_batch_sizes,
         num_prompts=len(prompts),
-        max_tokens=int(settings.sampling.get("max_tokens", 128)),
+        max_tokens=sampling.max_tokens,
         num_speculative_tokens=settings.num_speculative_tokens,
-        temperature=float(settings.sampling.get("temperature", 0.0)),
+        temperature=sampling.temperature,
         warmup=settings.eval_warmup,
-        seed=int(settings.sampling.get("seed", 0)),
+        seed=BenchSettings.seed if sampling.seed is None else sampling.seed,  # no seed: the bench's base seed
         hf_batched=False,
         hf_assisted=False,
     )

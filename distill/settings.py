@@ -3,10 +3,12 @@ run can tell whether it is still the same run."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from specq.decoding.types import SamplingParams
 from specq.durations import parse_duration
 
 Loss = Literal["fkl", "tvd"]
@@ -67,7 +69,9 @@ class DraftShape:
 class DistillSettings:
     target: str
     data: str  # the prompts file, as the user named it
-    sampling: dict[str, Any] = field(default_factory=dict)  # job-wide SamplingParams fields of the target's decode
+    # the target's decode, a line's own settings over these (jobs.params.sampling_params), and the held-out
+    # measurement's; greedy unless asked: the draft learns what the target would most likely say
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     chat_template: str | None = None
     device: str | None = None
     dtype: str | None = None
@@ -114,4 +118,5 @@ class DistillSettings:
         out = asdict(self)
         for name in ("device", "dtype", "eval_batch_sizes", "num_speculative_tokens", "eval_warmup"):
             out.pop(name)
-        return out
+        # as the work state keeps it (tuples as lists), so that a stored identity compares equal to it
+        return json.loads(json.dumps(out))

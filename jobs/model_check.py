@@ -1,7 +1,6 @@
 """Submit's model check: the target and the draft load (tokenizers and configs, not weights), belong to
 families specq supports, and share a vocabulary, so that a typo in a path or an unsupported model
-fails the submit, not every chunk on the workers. It also says whether the target's tokenizer has a
-chat template, so that submit refuses chat lines that no worker could render.
+fails the submit, not every chunk on the workers.
 
 Importing transformers (and torch with it) to load two tokenizers costs 3-5 s, most of what a small
 submit costs. So the check runs in a child process while the file is read, and a pair of local folders
@@ -39,24 +38,16 @@ CHECK_REVISION = 3
 T = TypeVar("T")
 
 
-def check_models(target: str, draft: str | None) -> bool:
+def check_models(target: str, draft: str | None) -> None:
     """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing, if the
-    vocabularies differ, or if a model's family is not supported (models/families.py). Returns whether
-    the target's tokenizer has a chat template."""
-    from specq.models.loading import (
-        check_same_vocab,
-        check_supported,
-        has_chat_template,
-        load_config,
-        load_tokenizer,
-    )
+    vocabularies differ, or if a model's family is not supported (models/families.py)."""
+    from specq.models.loading import check_same_vocab, check_supported, load_config, load_tokenizer
 
     tokenizer = load_tokenizer(target)
     check_supported(target, load_config(target))
     if draft is not None:
         check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
         check_supported(draft, load_config(draft))
-    return has_chat_template(tokenizer)
 
 
 # -- pairs that passed ----------------------------------------------------------------------------------
@@ -98,7 +89,8 @@ def _pair_key(target: str, draft: str | None) -> str | None:
 
 
 def _passed() -> dict[str, bool]:
-    """The pairs that passed, oldest first: pair key -> whether the target has a chat template."""
+    """The pairs that passed, oldest first: pair key -> True (a pass written before chat lines were
+    rendered at submit holds whether the target had a chat template instead: a pass all the same)."""
     try:
         passed = json.loads((data_dir() / PASSED_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -110,21 +102,16 @@ def _passed() -> dict[str, bool]:
 
 def passed_before(target: str, draft: str | None) -> bool:
     """Whether these very folders passed the check before."""
-    return chat_template_remembered(target, draft) is not None
-
-
-def chat_template_remembered(target: str, draft: str | None) -> bool | None:
-    """Whether the target has a chat template, as the check found it; None if the pair never passed."""
     key = _pair_key(target, draft)
-    return None if key is None else _passed().get(key)
+    return key is not None and key in _passed()
 
 
-def remember_passed(target: str, draft: str | None, chat_template: bool) -> None:
+def remember_passed(target: str, draft: str | None) -> None:
     key = _pair_key(target, draft)
     if key is None:
         return
     kept = [(k, v) for k, v in _passed().items() if k != key][-(PASSED_KEPT - 1) :]
-    passed = dict([*kept, (key, chat_template)])
+    passed = dict([*kept, (key, True)])
     try:  # replaced whole: a concurrent submit reads the old list or the new one, never half of one
         path = data_dir() / PASSED_FILE
         scratch = path.with_name(f"{path.name}.{os.getpid()}")
@@ -147,16 +134,14 @@ class ModelCheck:
         self.target, self.draft = target, draft
         self._pool: ProcessPoolExecutor | None = None
         self._future: Future | None = None
-        # whether the target has a chat template: None until known (never, when the check is skipped)
-        self._chat_template = None if skip else chat_template_remembered(target, draft)
-        self._skipped = skip
-        self._pending = not skip and self._chat_template is None
+        self._pending = not skip and not passed_before(target, draft)
         if not self._pending:
             return
         if "transformers" in sys.modules:
             # already imported (an application calling this, the tests): the check is quick here, and a
             # child would have to import it all again
-            self._pass(check_models(target, draft))
+            check_models(target, draft)
+            self._pass()
             return
         # spawn: the child needs none of this process's state, and a fork of a process that may hold
         # torch's thread pools is not safe
@@ -174,17 +159,9 @@ class ModelCheck:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _pass(self, chat_template: bool) -> None:
+    def _pass(self) -> None:
         self._pending = False
-        self._chat_template = chat_template
-        remember_passed(self.target, self.draft, chat_template)
-
-    def chat_template_missing(self) -> bool:
-        """Whether the target's tokenizer has no chat template (waits for the check; False if skipped)."""
-        if self._skipped:
-            return False
-        self.wait()
-        return self._chat_template is False
+        remember_passed(self.target, self.draft)
 
     def raise_if_failed(self) -> None:
         """Raise the check's ModelLoadError if it has already failed; never waits."""
@@ -194,7 +171,8 @@ class ModelCheck:
     def wait(self) -> None:
         """Block until the check ends; raise its ModelLoadError."""
         if self._future is not None and self._pending:
-            self._pass(self._future.result())
+            self._future.result()
+            self._pass()
 
     def watch(self, items: Iterable[T]) -> Iterator[T]:
         """`items`, raising the check's error as soon as it is known."""

@@ -269,13 +269,34 @@ def compile_summary(report: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def live_workers(db: Database, include_gone: bool = False) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker as `specq workers` lists it. Its JSON form, `to_json`, is what `specq workers --json`
+    prints: these fields, in this order."""
+
+    name: str
+    device: str
+    state: str  # a WorkerState, or "lost": not stopped, and no recent heartbeat
+    last_heartbeat: str | None  # ISO 8601 times, UTC
+    heartbeat_age_s: float
+    current_batch: int | None  # batches.id while busy
+    current_job: str | None
+    host: str
+    pid: int
+    started_at: str | None
+    # what `--compile` did with the models it loaded last (`ModelPair.compile_report`, as stored; None
+    # where it never compiled)
+    compiled: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def live_workers(db: Database, include_gone: bool = False) -> list[WorkerStatus]:
     """Workers that are not stopped and whose heartbeat is recent, by device and name.
 
     `include_gone`: also those that stopped, and those whose heartbeat is older than `live_after` (state
-    "lost": killed, or cut off from the database; a sweeper requeues their requests). Each has its
-    heartbeat's age in seconds, and its current batch and job while busy, and what `--compile` did with
-    the models it loaded last (`ModelPair.compile_report`; None where it never compiled).
+    "lost": killed, or cut off from the database; a sweeper requeues their requests).
     """
     if not schema_ready(db):
         return []  # an empty database: no worker ever started
@@ -293,18 +314,18 @@ def live_workers(db: Database, include_gone: bool = False) -> list[dict[str, Any
         if not live and not include_gone:
             continue
         listed.append(
-            {
-                "name": w.name,
-                "device": w.device,
-                "state": w.state if live or w.state == WorkerState.STOPPED else "lost",
-                "last_heartbeat": _iso(w.heartbeat_at),
-                "heartbeat_age_s": round(age, 1),
-                "current_batch": w.current_batch,
-                "current_job": w.current_job,
-                "host": w.host,
-                "pid": w.pid,
-                "started_at": _iso(w.started_at),
-                "compiled": w.compiled,
-            }
+            WorkerStatus(
+                name=w.name,
+                device=w.device,
+                state=w.state if live or w.state == WorkerState.STOPPED else "lost",
+                last_heartbeat=_iso(w.heartbeat_at),
+                heartbeat_age_s=round(age, 1),
+                current_batch=w.current_batch,
+                current_job=w.current_job,
+                host=w.host,
+                pid=w.pid,
+                started_at=_iso(w.started_at),
+                compiled=w.compiled,
+            )
         )
     return listed

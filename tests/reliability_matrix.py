@@ -433,6 +433,15 @@ ROWS: tuple[Row, ...] = (
         ("tests/test_hostile_round2.py::test_metadata_with_control_characters_is_refused",),
     ),
     Row(
+        "output",
+        "a job stored before that refusal: a newline, escape sequences and C1 controls in its metadata, a "
+        "carriage return in its input's name",
+        "`status` writes each control character as its escape: no forged line, nothing raw reaches the "
+        "terminal; `--json` keeps them exact",
+        NONE_LOST,
+        ("tests/test_hostile_round2.py::test_status_shows_stored_control_characters_escaped_and_json_exact",),
+    ),
+    Row(
         "input",
         "stdin or stdout closed, /dev/full as stdout, a non-UTF-8 path or served name, a 20-character "
         "completion window, `status --limit 2**63`",

@@ -5,7 +5,8 @@ transformers' generate gives; a model that cannot be compiled runs eagerly with 
 The compiler's capture (dynamo, with automatic dynamic shapes, through specq's ragged cache) is what differs from
 eager; the tests compile with the `aot_eager` backend, which captures the same graphs but runs them
 with eager kernels, so a 2-core CI pays seconds, not minutes of C++ code generation. The inductor
-backend (the default) was checked by hand and by `specq bench --compile on` (docs/benchmarks.md)."""
+backend (the default) was checked by hand and by `specq bench --compile on` (docs/benchmark-log/2026-12.md,
+"Compiled forwards" and "The roofline, on every `specq bench` report")."""
 
 from __future__ import annotations
 

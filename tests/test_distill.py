@@ -197,7 +197,7 @@ def _fast_settings(target: str, data: str) -> DistillSettings:
     return DistillSettings(
         target=target,
         data=data,
-        sampling={"max_tokens": 16, "temperature": 0.0},
+        sampling=SamplingParams(max_tokens=16, temperature=0.0),
         budget=Budget(tokens=3000),
         checkpoint_every=5,
         eval_warmup=0,

@@ -355,6 +355,28 @@ def test_metadata_with_control_characters_is_refused(pg_db_url, tiny_pair, tmp_p
     assert count_rows(pg_db_url, Job) == 0
 
 
+def test_status_shows_stored_control_characters_escaped_and_json_exact(tmp_path) -> None:
+    """A job stored before `--metadata` refused control characters still holds them: `status` writes
+    each as its escape, so none reaches the terminal or starts a line, and `--json` keeps them as they are."""
+    from specq.db.migrate import open_migrated
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    metadata = {"note": "x\nstate      completed", "colour": "\x1b[31mred\x1b[0m", "k\x07\x9b": "v"}
+    job = Job(id="j", state="queued", target="t", input_name="in\r.jsonl", settings={}, total=1, user_metadata=metadata)
+    with open_migrated(url).session() as session:
+        session.add(job)
+    env = {**os.environ, "SPECQ_HOME": str(tmp_path / "home"), "SPECQ_DATABASE_URL": url}
+    shown = invoke(["status", "j"], env)
+    assert shown.exit_code == 0, shown.output
+    assert not any(c in shown.stdout for c in "\x1b\x07\x9b\r"), shown.stdout
+    (state,) = [line for line in shown.stdout.splitlines() if line.startswith("state")]
+    assert state.split() == ["state", "queued"]  # the newline in `note` forged no second state line
+    assert "note x\\nstate      completed" in shown.stdout and "colour \\x1b[31mred\\x1b[0m" in shown.stdout
+    assert "in\\r.jsonl" in shown.stdout
+    exact = json.loads(invoke(["status", "j", "--json"], env).stdout)
+    assert exact["metadata"] == metadata and exact["input"] == "in\r.jsonl"
+
+
 def test_closed_and_full_standard_streams_are_one_line(tiny_pair, tmp_path) -> None:
     env = {**os.environ, "SPECQ_HOME": str(tmp_path / "home"), "SPECQ_DATABASE_URL": f"sqlite:///{tmp_path}/s.db"}
     path = write_requests(tmp_path / "in.jsonl", [PLAIN])

@@ -50,9 +50,9 @@ def test_a_failed_check_is_not_remembered(pair, tmp_path) -> None:
 
 
 def test_hub_ids_are_never_remembered(pair) -> None:
-    remember_passed("someone/some-model", None, True)
+    remember_passed("someone/some-model", None)
     assert not passed_before("someone/some-model", None)
-    remember_passed(pair[0], "someone/some-draft", True)
+    remember_passed(pair[0], "someone/some-draft")
     assert not passed_before(pair[0], "someone/some-draft")
 
 
@@ -66,7 +66,7 @@ def test_an_unwritable_data_directory_costs_a_check_not_the_submit(pair, tmp_pat
 
 
 def test_an_upgrade_of_the_loaders_checks_again(pair, monkeypatch) -> None:
-    remember_passed(pair[0], pair[1], True)
+    remember_passed(pair[0], pair[1])
     assert passed_before(*pair)
     monkeypatch.setattr(model_check, "LOADERS", ("transformers", "a-package-that-is-not-installed"))
     assert not passed_before(*pair)
