@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import compile_option, float_range, int_range
+from specq.cli.options import compile_option, float_range, int_range, specq_errors
 from specq.limits import (
     BENCH_DRAFTS,
     BENCH_SPECULATIVE_TOKENS,
@@ -175,7 +175,6 @@ def bench(
     if drop_loops and not workloads:
         raise click.UsageError("--drop-loops applies to the draft axis: give --workloads too")
     from specq.bench import report, runner
-    from specq.errors import SpecqError
 
     command = shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None
     # how the pair is loaded and the run reported: the same for both benchmarks
@@ -224,10 +223,8 @@ def bench(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    try:
+    with specq_errors():  # a model that cannot load, or cannot compile with --compile on: exit 2
         results = runner.run_benchmark(target, draft, settings, **loading)
-    except SpecqError as exc:
-        raise click.ClickException(str(exc)) from None
     report.print_tables(results)
     if json_path:
         report.write_json(results, json_path)
@@ -249,16 +246,13 @@ def _draft_axis(
 ) -> None:
     """`bench --workloads`: the draft axis, with the benchmark's own settings (`settings`)."""
     from specq.bench import draft_axis, report
-    from specq.errors import SpecqError
 
-    try:
+    with specq_errors():
         results = draft_axis.run_draft_axis_benchmark(
             target, draft, workloads, drafts, batch_sizes, **loading, **settings
         )
-    except SpecqError as exc:
-        raise click.ClickException(str(exc)) from None
     table = draft_axis.markdown(results) + "\n" + report.roofline_markdown(results)
-    click.echo(table)
+    click.echo(table, err=True)  # for people, as the other tables: stdout is for `--json -`
     if json_path:
         report.write_json(results, json_path)
     if markdown_path:

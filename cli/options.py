@@ -189,8 +189,9 @@ _OPTIONS = [
     compile_option(
         "auto",
         "Compiled forwards (torch.compile, checked against eager at load): auto compiles on CUDA (with CUDA "
-        "graphs), and on a CPU where a compile on this machine measured the model faster; on fails (exit 2) where "
-        "a model cannot be compiled; off never compiles.",
+        "graphs), and on a CPU where a compile on this machine measured the model faster; on: where a model "
+        "cannot be compiled, run exits 2 and a submitted job's requests fail with the reason (the workers "
+        "compile); off never compiles.",
     ),
     click.option(
         "--served-model-name",

@@ -34,8 +34,8 @@ DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both
 @compile_option(
     "auto",
     "Compiled forwards for jobs submitted with --compile auto: auto compiles on CUDA (with CUDA graphs), and "
-    "on a CPU where a compile on this machine measured the model faster; on fails a job whose models cannot be "
-    "compiled; off never compiles.",
+    "on a CPU where a compile on this machine measured the model faster; on: where a job's models cannot be "
+    "compiled here, the worker gives its chunk back and exits 4; off never compiles.",
 )
 @click.option(
     "--models-cached", type=click.IntRange(min=1), default=1, show_default=True, help="Model pairs kept loaded."
@@ -56,8 +56,10 @@ def worker(
     """Run one Celery worker bound to one device until SIGTERM (the batch in hand finishes first; the
     rest of its chunk goes back to the queue).
 
-    Exits 3 at once when the device is unusable here, and 4 when a job's models do not load here (its
-    chunk goes back to the queue first): a misconfigured worker never fails a request."""
+    Exits 3 at once when the device is unusable here, and 4 when a job's models do not load here, or do
+    not compile under its own --compile on (its chunk goes back to the queue first): a misconfigured
+    worker never fails a request. A job submitted with --compile on whose models cannot be compiled fails
+    its requests with the reason: that is the job's setting, not the worker's."""
     from specq.jobs.services import broker_url as resolve_broker
 
     with specq_errors():

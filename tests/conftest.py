@@ -174,6 +174,19 @@ def private_db_url(private_postgres):
         drop_database("specq_drill", private_postgres.admin_url)
 
 
+# -- the longest files first: pytest-xdist hands out files in collection order, and one of these taken last
+# would leave one process working alone for minutes at the end
+_LONGEST_FIRST = ("test_compiled.py", "test_real_models.py", "test_hostile_round2.py", "test_fleet.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = item.path.name
+        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: within a file, and among the rest, the order stays
+
+
 # -- a progress line with an ETA every half minute: the suite takes minutes, more on a busy machine ------
 _PROGRESS_EVERY_S = 30.0
 _progress: dict = {}

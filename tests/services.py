@@ -129,8 +129,8 @@ def write_requests(path, lines):
 class SpecqWorker:
     """A real `specq worker` subprocess, logging to a file."""
 
-    def __init__(self, env, log_path, device="cpu", metrics_port=None):
-        args = [sys.executable, "-c", "from specq.cli.main import main; main()", "worker", "--device", device]
+    def __init__(self, env, log_path, device="cpu", metrics_port=None, args=()):
+        args = [sys.executable, "-c", "from specq.cli.main import main; main()", "worker", "--device", device, *args]
         args += ["--metrics-port", str(metrics_port or 0)]  # 0: none, so parallel test workers never collide
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)

@@ -16,6 +16,7 @@ import torch
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.compiled import compile_model
 from specq.errors import ModelCompileError
+from tests.fleet_helpers import patience
 from tests.services import invoke, write_requests
 from tests.tiny_models import IdTokenizer, noisy_copy, reference_greedy, tiny_llama
 
@@ -347,6 +348,31 @@ def test_a_workers_row_keeps_what_compile_did_with_its_models(pg_db_url, redis_u
     assert compile_summary(report) == "target 1.63x in 38s, draft eager, warm-up 56s"
     assert compile_summary({**report, "warm_up_s": 0.0}) == "target 1.63x in 38s, draft eager"
     assert compile_summary(None) == "-"
+
+
+def test_a_worker_whose_own_compile_on_cannot_compile_a_jobs_models_gives_the_chunk_back(
+    pg_db_url, redis_url, tiny_pair, tmp_path
+) -> None:
+    """`worker --compile on`, a job that left compiling to the worker (`auto`), models that cannot be compiled
+    there: the worker's setting is at fault, not the job's, so no request fails; the chunk goes back to
+    the queue and the worker exits 4 naming the reason. A plain worker then runs the job."""
+    from specq.db.session import open_database
+    from tests.services import SpecqWorker, request_states, services_env, submit_job, wait_state
+
+    env = services_env(pg_db_url, redis_url, tmp_path / "home", SPECQ_COMPILE_BACKEND="no-such-backend")
+    path = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def f(x):", "max_tokens": 4}])
+    job_id = submit_job(env, path, "--target", tiny_pair[0])
+    compiling = SpecqWorker(env, tmp_path / "compiling.log", args=("--compile", "on"))
+    assert compiling.proc.wait(patience(120)) == 4, compiling.output()
+    compiling.stop()
+    assert "cannot be compiled" in compiling.output().strip().splitlines()[-1]
+    with open_database(pg_db_url).session() as session:
+        assert request_states(session, job_id) == {"queued": 1}
+    plain = SpecqWorker(env, tmp_path / "plain.log").wait_ready()
+    try:
+        assert wait_state(env, job_id, {"completed", "failed", "cancelled"})["state"] == "completed"
+    finally:
+        plain.stop()
 
 
 # One process's compile with inductor (the backend whose code the on-disk caches keep): the counts of

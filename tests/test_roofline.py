@@ -102,7 +102,7 @@ def test_the_draft_axis_report_has_the_roofline(tiny_pair, tmp_path):
     result = invoke([*_bench_args(tiny_pair, out, markdown), "--workloads", "continuation", "--drafts", "draft"])
     assert result.exit_code == 0, result.output
     _check_roofline(json.loads(out.read_text()))
-    assert "eager / floor" in result.stdout and "eager / floor" in markdown.read_text()
+    assert "eager / floor" in result.stderr and "eager / floor" in markdown.read_text()
 
 
 def test_the_bench_report_has_each_models_compile_seconds_beside_its_speedups(tiny_pair, tmp_path, monkeypatch):
@@ -119,3 +119,14 @@ def test_the_bench_report_has_each_models_compile_seconds_beside_its_speedups(ti
     assert results["compile"]["target"]["compiled"] and results["compile"]["target"]["graphs"] >= 1
     assert "--compile: target: compiled" in result.stderr
     assert "| compile s | compiled step speedup |" in markdown.read_text()
+
+
+@pytest.mark.parametrize("axis", [[], ["--workloads", "continuation", "--drafts", "draft"]], ids=["pair", "draft-axis"])
+def test_bench_with_compile_on_and_a_model_that_cannot_compile_exits_2(tiny_pair, tmp_path, monkeypatch, axis):
+    monkeypatch.setenv("SPECQ_COMPILE_BACKEND", "no-such-backend")
+    out, markdown = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = [*_bench_args(tiny_pair, out, markdown), "--skip-hf-batched", "--skip-hf-assisted", "--compile", "on"]
+    result = invoke([*args, *axis])
+    assert result.exit_code == 2, result.output
+    assert "cannot be compiled: " in result.stderr and "Traceback" not in result.output
+    assert not out.exists()

@@ -36,6 +36,7 @@ from specq.db.types import utcnow
 from specq.decoding.config import DecodingConfig
 from specq.decoding.stats import EngineStats
 from specq.decoding.types import GenerationRequest, GenerationResult
+from specq.errors import ModelCompileError
 from specq.jobs.expiry import expire_if_due
 from specq.jobs.params import engine_request
 from specq.jobs.settings import JobSettings
@@ -443,6 +444,14 @@ def _triage(ctx: WorkerContext, job: Job, settings: JobSettings, claimed: list[C
     return _Triage([c for c in claimed if c.id not in exhausted], suspects, failed)
 
 
+def _this_workers_fault(exc: Exception, ctx: WorkerContext, settings: JobSettings) -> bool:
+    """Whether the models failed to load because of this worker, not the job: I/O, memory or the device,
+    or a compile that the worker's own `--compile on` asked for (the job left it to the worker, `auto`)."""
+    if isinstance(exc, ModelCompileError):
+        return settings.compile == "auto" and ctx.models.compile == "on"
+    return is_worker_side_load_failure(exc)
+
+
 def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, writer: _Writer) -> _Unfinished:
     """Load the models, prepare the requests and run them group by group; every result goes to `writer`.
     Models that do not load because of this worker leave the requests unfinished (given back) and mark
@@ -453,7 +462,7 @@ def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, w
     try:
         pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, settings.compile)
     except Exception as exc:  # ModelLoadError, or out of memory while loading
-        if ctx.config.broker is not None and is_worker_side_load_failure(exc):
+        if ctx.config.broker is not None and _this_workers_fault(exc, ctx, settings):
             # this worker's fault (disk, permissions, memory), not the job's: another worker may load
             # them, so the requests go back to the queue and this worker stops taking work
             ctx.shared.unusable = f"cannot load the models of job {job.id} on {ctx.config.device}: {exc}"
