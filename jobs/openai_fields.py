@@ -9,8 +9,8 @@ compares it with the `openai` package's request types), with one of these uses:
 - ``ignored``: accepted with any value, as it cannot change what a local model generates (``model``,
   ``user``, ``metadata``, ``store``, ``service_tier``, prompt-cache hints, ...);
 - ``neutral``: accepted only at the values that change nothing (``frequency_penalty: 0``,
-  ``response_format: {"type": "text"}``, ``tools: []``, ``n: 1``, ...); any other value is refused at
-  submit, naming the line and the field, because specq cannot honour it.
+  ``response_format: {"type": "text"}``, ``tools: []``, ``best_of: 1``, ...); any other value is
+  refused at submit, naming the line and the field, because specq cannot honour it.
 
 A field the line's endpoint does not define is refused (OpenAI refuses it too), so a typo is reported
 instead of being silently ignored. `top_k` is vLLM's extension of both endpoints, honoured as vLLM does.
