@@ -104,7 +104,11 @@ def _details(found: JobStatus) -> list[str]:
     no draft token was proposed (no rate, rather than a rate of 0)."""
     shown: dict[str, Any] = found.to_json()
     if found.acceptance is None:
-        shown.update(acceptance_rate=NOT_APPLICABLE, mean_acceptance_length=NOT_APPLICABLE)
+        shown.update(
+            acceptance_rate=NOT_APPLICABLE,
+            mean_acceptance_length=NOT_APPLICABLE,
+            acceptance_per_position=NOT_APPLICABLE,
+        )
     ran = {name: counters for name, counters in found.acceptance_by_proposer.items() if counters.drafts}
     width = max(len(k) for k in shown)
     lines = []

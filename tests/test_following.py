@@ -97,6 +97,7 @@ def test_target_only_says_na_and_a_line_with_n_counts_its_choices(embedded, tiny
     assert shown.exit_code == 0, shown.output
     fields = dict(line.split(None, 1) for line in shown.stdout.splitlines())
     assert fields["acceptance_rate"] == fields["mean_acceptance_length"] == "n/a"
+    assert fields["acceptance_per_position"] == "n/a"
     assert fields["acceptance_by_proposer"] == "n/a"
     listed = invoke(["status"], embedded)
     assert listed.exit_code == 0, listed.output
