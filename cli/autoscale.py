@@ -26,7 +26,7 @@ from specq.cli.options import broker_option, database_option, specq_errors
     "--devices",
     envvar="SPECQ_AUTOSCALE_DEVICES",
     help="Comma-separated devices the workers are placed on, round-robin, e.g. cuda:0,cuda:1 or cpu. "
-    "[default: every visible GPU, else cpu]",
+    "[env: SPECQ_AUTOSCALE_DEVICES; default: every visible GPU, else cpu]",
 )
 @click.option(
     "--cooldown",

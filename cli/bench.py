@@ -45,13 +45,15 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
 
 @cli.command("bench")
 @click.option(
-    "--target", envvar="SPECQ_TARGET", help="Target model (HF id, folder or GGUF file). Default: the demo pair."
+    "--target",
+    envvar="SPECQ_TARGET",
+    help="Target model (HF id, folder or GGUF file). [env: SPECQ_TARGET; default: the demo pair]",
 )
 @click.option(
     "--draft",
     envvar="SPECQ_DRAFT",
-    help="Draft model (HF id, folder or GGUF file). Default: the demo pair's; with --workloads and a --target, "
-    "none (the draft model's contenders are left out).",
+    help="Draft model (HF id, folder or GGUF file). [env: SPECQ_DRAFT; default: the demo pair's; with --workloads "
+    "and a --target, none (the draft model's contenders are left out)]",
 )
 @click.option(
     "--batch-sizes",

@@ -37,11 +37,16 @@ def cancel(job: str, database_url: str | None) -> None:
 
 @cli.command("retry")
 @job_argument()
-@click.option("--device", help="Torch device for the in-process run when there is no broker. [default: auto]")
+@click.option(
+    "--device",
+    help="Torch device for the in-process run when there is no broker. [default: the --device the job was started "
+    "with, else cuda:0 if available, else cpu]",
+)
 @database_option
 @broker_option
 def retry(job: str, device: str | None, database_url: str | None, broker_url: str | None) -> None:
-    """Requeue a job's failed and cancelled requests, and queue the job again (a cancelled one too).
+    """Requeue a job's failed, cancelled and expired requests, and queue the job again (a cancelled or
+    expired one too; an expired job's completion window is lifted).
 
     With no broker they run here, in this process. Prints how many requests were requeued; a job with
     none to requeue is left as it is (exit 2), as is a cancelled job while requests that were running

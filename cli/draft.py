@@ -53,7 +53,11 @@ def draft() -> None:
 
 @draft.command("train")
 @click.option(
-    "--target", envvar="SPECQ_TARGET", required=True, help="Target model: a Hugging Face id or a local folder."
+    "--target",
+    envvar="SPECQ_TARGET",
+    required=True,
+    help="Target model: a Hugging Face id, a local folder, or a GGUF file (or a folder holding one; needs the gguf "
+    "extra). [env: SPECQ_TARGET]",
 )
 @click.option(
     "--data",

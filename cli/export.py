@@ -17,7 +17,8 @@ FORMATS = ("csv", "jsonl", "openai")
     "--format",
     "fmt",
     type=click.Choice(FORMATS),
-    help="csv, jsonl (as `specq run` writes) or openai (Batch API output). [default: jsonl for *.jsonl, else csv]",
+    help="csv, jsonl (as `specq run` writes) or openai (Batch API output). "
+    "[default: jsonl for *.jsonl and *.json, else csv]",
 )
 @click.option(
     "--csv-raw",

@@ -20,16 +20,16 @@ DEFAULT_METRICS_PORT = 9100  # node_exporter's port too: a GPU host running both
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=DEFAULT_METRICS_PORT,
-    show_default=True,
     envvar="SPECQ_METRICS_PORT",
-    help="Serve Prometheus metrics on this port (0: none). A port already taken is logged and skipped.",
+    help="Serve Prometheus metrics on this port (0: none). A port already taken is logged and skipped. "
+    f"[env: SPECQ_METRICS_PORT; default: {DEFAULT_METRICS_PORT}]",
 )
 @click.option(
     "--metrics-host",
     default="127.0.0.1",
-    show_default=True,
     envvar="SPECQ_METRICS_HOST",
-    help="Address the metrics page listens on; 0.0.0.0 in a container, for Prometheus to reach it.",
+    help="Address the metrics page listens on; 0.0.0.0 in a container, for Prometheus to reach it. "
+    "[env: SPECQ_METRICS_HOST; default: 127.0.0.1]",
 )
 @compile_option(
     "auto",
