@@ -70,7 +70,9 @@ def retry(job: str, device: str | None, database_url: str | None, broker_url: st
                 "workers see the cancel; nothing was requeued: retry again in a few seconds"
             )
         if not outcome.chunks:
-            raise UsageLine(f"job {job} ({outcome.previous}) has no failed or cancelled requests; nothing was requeued")
+            raise UsageLine(
+                f"job {job} ({outcome.previous}) has no failed, cancelled or expired requests; nothing was requeued"
+            )
         change = outcome.state if outcome.state == outcome.previous else f"{outcome.previous} -> {outcome.state}"
         click.echo(f"job {job} ({change}): {_requeued(outcome.requeued)}", err=True)
         if broker is not None:

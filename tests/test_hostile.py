@@ -275,7 +275,7 @@ def test_retry_right_after_cancel_says_what_it_did(queued_env, tiny_pair, tmp_pa
     result = invoke(["retry", job_id], env)  # nothing failed or cancelled now: nothing is sent again
     assert result.exit_code == 2
     assert one_error_line(result.stderr) == (
-        f"Error: job {job_id} (queued) has no failed or cancelled requests; nothing was requeued"
+        f"Error: job {job_id} (queued) has no failed, cancelled or expired requests; nothing was requeued"
     )
     assert redis.Redis.from_url(env["SPECQ_BROKER_URL"]).llen(CHUNK_QUEUE_KEY) == 2
 
@@ -285,7 +285,7 @@ def test_retry_of_a_job_with_nothing_to_retry(finished_job) -> None:
     result = invoke(["retry", job_id], env)
     assert result.exit_code == 2
     assert one_error_line(result.stderr) == (
-        f"Error: job {job_id} (completed) has no failed or cancelled requests; nothing was requeued"
+        f"Error: job {job_id} (completed) has no failed, cancelled or expired requests; nothing was requeued"
     )
 
 
