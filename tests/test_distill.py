@@ -241,11 +241,12 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_checkpoints_and_we
 
 def test_ctrl_c_finishes_the_step_checkpoints_it_and_the_rerun_continues_from_there(uninterrupted, tmp_path):
     settings, whole, whole_dir = uninterrupted
+    handler = signal.getsignal(signal.SIGINT)  # Python's default; SIG_IGN in a pytest-xdist worker
     with pytest.raises(TrainingInterrupted, match="interrupted at step 7"):
         train_draft(settings, tmp_path / "out", _Quiet(ctrl_c_at_step=7))
     saved = torch.load(tmp_path / "out" / WORK / CHECKPOINT, weights_only=True)
     assert saved["state"]["step"] == 7 and saved["state"]["checkpoints"] == 1  # step 7 is no scheduled one
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Ctrl-C again
+    assert signal.getsignal(signal.SIGINT) is handler  # Ctrl-C is what it was again
     rerun = _Quiet()
     resumed = train_draft(settings, tmp_path / "out", rerun)
     assert rerun.decoded == 0 and rerun.steps[0] == 8

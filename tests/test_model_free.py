@@ -173,6 +173,9 @@ def test_greedy_tokens_are_the_targets_own(target, draft, model_free, with_draft
         GenerationRequest(i, tuple(p), SamplingParams(max_tokens=24, temperature=0.0)) for i, p in enumerate(prompts)
     ]
     engine = _engine(target, draft, model_free, with_draft, batch_size=batch_size, fixed_k=fixed_k)
+    # k and each row's proposer follow step times: the test's, not a busy machine's (a verify costs a fixed
+    # 10 ms whatever its width, a draft forward 1 ms, so speculating always pays)
+    modelled_step_times(monkeypatch, engine.policy, lambda rows, width: 0.010, t_draft_forward=0.001)
     results = {r.key: r.token_ids for r in engine.generate(requests)}
     for i, prompt in enumerate(prompts):
         assert results[i] == reference_greedy(target, prompt, 24), f"prompt {i}"
