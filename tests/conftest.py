@@ -194,8 +194,8 @@ _progress: dict = {}
 
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
-        # Two xdist workers on two cores: a thread each. Two OpenMP pools of two threads spin against each
-        # other and run the torch-heavy tests several times slower than one pool did.
+        # xdist workers on two cores: a thread each. Two OpenMP pools of two threads spun against each other
+        # and ran the torch-heavy tests several times slower than one pool did.
         import torch
 
         torch.set_num_threads(1)
