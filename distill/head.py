@@ -149,8 +149,9 @@ class HeadTrainer:
     def step(self) -> float:
         chains, head = self.chains, self.head
         starts = self._next_starts()  # [b]
-        device = next(head.parameters()).device
-        state = chains.states[starts].to(device)  # [b, H]
+        weights = next(head.parameters())  # the head is in the target's dtype (bf16 on CUDA by default)
+        device = weights.device
+        state = chains.states[starts].to(device, weights.dtype)  # [b, H]
         losses, counted = [], 0
         for i in range(1, self.depth + 1):
             valid = chains.left[starts] >= i  # [b] the completion goes on for i more tokens
