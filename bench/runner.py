@@ -480,7 +480,10 @@ def run_bench(
         "rows": rows,
         "targets": check_targets(rows),
         "runs": [run.to_dict() for run in all_runs],
-        "hf_assistant": hf_baselines.assistant_settings(draft, settings.hf_assistant_tokens),
+        # a draft head (decoding/draft_head.py) is no model HF's assisted generation could take
+        "hf_assistant": hf_baselines.assistant_settings(draft, settings.hf_assistant_tokens)
+        if hasattr(draft, "generation_config")
+        else None,
         "eos_token_ids": sorted(eos_token_ids),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

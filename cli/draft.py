@@ -85,6 +85,21 @@ def draft() -> None:
     help="How much to train: tokens (200000, 200k, 2M) or training time (90s, 30m, 1h; the target's decoding "
     "not counted).",
 )
+@click.option(
+    "--proposer",
+    type=click.Choice(("model", "head")),
+    default="head",
+    show_default=True,
+    help="What to train: a draft head on the target's hidden states, or a stand-alone draft model (docs/draft-"
+    "train.md measures both).",
+)
+@click.option(
+    "--head-vocab",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    help="A head's vocabulary: the target's most said tokens it may propose.",
+)
 @click.option("--layers", type=click.IntRange(min=1), help="The draft's layers. [default: an eighth of the target's]")
 @click.option(
     "--hidden",
@@ -115,9 +130,7 @@ def draft() -> None:
 @click.option(
     "--learning-rate",
     type=click.FloatRange(min=0, min_open=True),
-    default=1e-3,
-    show_default=True,
-    help="AdamW's peak step size (warm-up, then decay).",
+    help="AdamW's peak step size (warm-up, then decay). [default: 1e-3 for a model, 3e-3 for a head]",
 )
 @click.option("--train-batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="Sequences a step.")
 @click.option(
@@ -192,12 +205,14 @@ def train(
     output_dir: Path,
     overwrite: bool,
     budget: Budget,
+    proposer: str,
+    head_vocab: int,
     layers: int | None,
     hidden: int | None,
     intermediate: int | None,
     loss: str,
     teacher_top_k: int,
-    learning_rate: float,
+    learning_rate: float | None,
     train_batch_size: int,
     checkpoint_every: int,
     heldout: int | None,
@@ -247,6 +262,8 @@ def train(
                 dtype=dtype.lower() if dtype else None,
                 decode_batch_size=batch_size,
                 budget=budget,
+                proposer=proposer,  # type: ignore[arg-type]
+                head_vocab=head_vocab,
                 shape=DraftShape(layers, hidden, intermediate),
                 loss=loss,  # type: ignore[arg-type]
                 teacher_top_k=teacher_top_k,

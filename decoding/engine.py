@@ -46,6 +46,7 @@ import torch
 
 from specq.decoding.batch import Appended, BatchState
 from specq.decoding.config import DecodingConfig
+from specq.decoding.draft_head import DraftHead, DraftHeadProposer
 from specq.decoding.draft_model import DraftModelProposer
 from specq.decoding.draft_plan import plan_drafts
 from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer, eos_token_ids, start_token_id
@@ -94,7 +95,7 @@ class SpeculativeEngine:
         self,
         target: CausalLM,
         tokenizer: Tokenizer,
-        draft: CausalLM | None = None,
+        draft: CausalLM | DraftHead | None = None,
         config: DecodingConfig | None = None,
         policy: SpeculationPolicy | None = None,
         suffix_index: SuffixIndex | None = None,
@@ -102,22 +103,27 @@ class SpeculativeEngine:
         """`policy`: pass the one a previous engine on the same models and device used, so its measured
         step times and acceptance carry over (a worker builds an engine per batch). `suffix_index`: the
         job's (with `config.model_free == "suffix"`), fed by this engine's prompts and outputs and read
-        by its proposals; None: a fresh one for this engine."""
+        by its proposals; None: a fresh one for this engine. `draft`: a draft model, or a draft head on the
+        target's hidden states (decoding/draft_head.py)."""
         self.config = config or DecodingConfig()
         if self.config.num_speculative_tokens == 0:
             draft = None  # K = 0 proposes nothing: plain decoding with the target, whatever proposers were given
-        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        head = draft if isinstance(draft, DraftHead) else None
+        draft_model = None if isinstance(draft, DraftHead) else draft
+        self.target, self.draft, self.tokenizer = target, draft_model, tokenizer
         # a forward replaying CUDA graphs needs the shapes they were recorded with (decoding/static_shapes.py)
         self.static_shapes = self.config.static_shapes or any(
-            is_cuda_graphed(model) for model in (target, draft) if model is not None
+            is_cuda_graphed(model) for model in (target, draft_model) if model is not None
         )
         self.target_lm = RaggedLM(target, static=self.static_shapes)
         self.device = self.target_lm.device
-        draft_lm = None if draft is None else RaggedLM(draft, static=self.static_shapes)
+        draft_lm = None if draft_model is None else RaggedLM(draft_model, static=self.static_shapes)
         if draft_lm is not None and draft_lm.device != self.device:
             raise ValueError("target and draft must be on the same device")
         model_free = self.config.model_free if self.config.num_speculative_tokens else None
-        speculates = draft_lm is not None or model_free is not None
+        if head is not None and model_free is not None:
+            raise ValueError("a draft head proposes alone: it does not mix with prompt lookup or the suffix index")
+        speculates = draft_lm is not None or model_free is not None or head is not None
         self.max_k = self.config.num_speculative_tokens if speculates else 0
         lms = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
         self.vocab_size = max(lm.vocab_size for lm in lms)
@@ -135,6 +141,8 @@ class SpeculativeEngine:
             suffix_index = SuffixIndex()
         self.suffix_index = suffix_index if model_free == "suffix" else None
         self.proposer = self._proposer(draft_lm, model_free)
+        if head is not None:
+            self.proposer = DraftHeadProposer(head, target, self.config.draft_model_depth, self.vocab_size)
         self.stats = EngineStats.for_k(self.max_k)
         self.idle_rows = IdleRows(self.config.batch_size, self.device)
         # the models a refill prefills: the target, and a draft model at its next proposal

@@ -74,7 +74,8 @@ def train_draft(
         if workdir.resumed:
             progress.say(f"resuming the unfinished run in {output} (phase: {workdir.phase})")
         target = None
-        if workdir.phase == "decode" or (workdir.phase == "train" and not settings.teacher_top_k):
+        needs_target = not settings.teacher_top_k or settings.proposer == "head"  # the head reads its states
+        if workdir.phase == "decode" or (workdir.phase == "train" and needs_target):
             from specq.models.loading import load_model, resolve_device
 
             target = load_model(settings.target, resolve_device(settings.device), settings.dtype)
@@ -96,7 +97,8 @@ def train_draft(
                 from specq.models.loading import load_model
 
                 target = load_model(settings.target, "cpu", "float32")
-            state = _train(settings, target, tokenizer, workdir, load_sequences(workdir.sequences), progress)
+            train = _train_head if settings.proposer == "head" else _train
+            state = train(settings, target, tokenizer, workdir, load_sequences(workdir.sequences), progress)
             del target
             workdir.advance("evaluate", training=state)
         progress.say(f"measuring the draft against target-only on {len(heldout_ids)} held-out prompts")
@@ -125,7 +127,7 @@ def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any,
         sequences,
         settings.budget,
         loss=settings.loss,
-        learning_rate=settings.learning_rate,
+        learning_rate=settings.peak_learning_rate,
         batch_size=settings.train_batch_size,
         max_tokens=settings.max_train_tokens,
         checkpoint_every=settings.checkpoint_every,
@@ -154,3 +156,47 @@ def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any,
             hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(workdir.root)
     return dict(vars(state))
+
+
+def _train_head(
+    settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any, sequences: list, progress: Progress
+) -> dict[str, Any]:
+    """A draft head (distill/head.py) trained from scratch on the stored completions, saved into DIR with the
+    target's tokenizer. No checkpoints: it trains in minutes, and a resumed run trains it again."""
+    import time
+
+    import torch
+
+    from specq.distill.head import HeadTrainer, coverage, new_head, target_states
+
+    target.eval()
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    torch.manual_seed(settings.seed)
+    head = new_head(target, sequences, settings.head_vocab, settings.head_intermediate)
+    covered = coverage(sequences, head.vocab_ids)
+    progress.say(
+        f"a draft head ({sum(p.numel() for p in head.parameters() if p.requires_grad):,} parameters, "
+        f"{head.config.vocab_rows} of {head.target_vocab_size} tokens: {covered:.1%} of the completions' tokens); "
+        f"the target reads {len(sequences)} sequences for its hidden states"
+    )
+    started = time.perf_counter()
+    chains = target_states(target, sequences)
+    read_s = time.perf_counter() - started
+    progress.say(
+        f"read {chains.tokens.numel():,} hidden states in {read_s:.0f}s; training for {settings.budget.describe()}"
+    )
+    trainer = HeadTrainer(
+        head,
+        chains,
+        settings.budget,
+        depth=settings.num_speculative_tokens,
+        learning_rate=settings.peak_learning_rate,
+        seed=settings.seed,
+        elapsed_s=read_s,  # the target's forward is the head's cost: it counts in a time budget
+    )
+    state = trainer.run(on_step=lambda state: progress.training(state, settings.budget))
+    head.eval()
+    head.save(workdir.root)
+    tokenizer.save_pretrained(workdir.root)
+    return {**vars(state), "head_vocab_coverage": covered, "hidden_states_s": read_s}

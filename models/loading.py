@@ -140,7 +140,7 @@ class ModelPair:
     """The target, the optional draft, and the one tokenizer they share."""
 
     target: PreTrainedModel
-    draft: PreTrainedModel | None
+    draft: PreTrainedModel | None  # or a draft head on the target (decoding/draft_head.py), loaded as Any
     tokenizer: PreTrainedTokenizerBase
     target_name: str
     draft_name: str | None
@@ -223,22 +223,36 @@ def load_pair(
     job may take at load instead, for a caller that times its first steps; `first_rows`: the rows of a
     job's first forwards (its batch size, or fewer requests), where the caller knows them.
     """
+    from specq.decoding.draft_head import is_head_folder, load_head
+
     tokenizer = load_tokenizer(target)
+    # a draft head (`specq draft train --proposer head`) is a folder of its own kind, loaded onto the target
+    head = draft is not None and is_head_folder(draft)
     if draft is not None:
         check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
-    for name in (target, draft):
+    for name in (target, None if head else draft):
         if name is not None:
             check_supported(name, load_config(name))
     target_model = load_model(target, device, dtype)
-    draft_model = load_model(draft, device, dtype) if draft is not None else None
-    for name, model in ((target, target_model), (draft, draft_model)):
-        if model is not None and model.config.vocab_size < len(tokenizer):
+    draft_model: Any = None
+    if head:
+        assert draft is not None
+        try:
+            draft_model = load_head(draft, target_model)
+        except ValueError as exc:
+            raise ModelLoadError(f"cannot load the draft {draft!r}: {exc}") from None
+    elif draft is not None:
+        draft_model = load_model(draft, device, dtype)
+    for name, model in ((target, target_model), (None if head else draft, draft_model)):
+        if name is not None and model is not None and model.config.vocab_size < len(tokenizer):
             raise ModelLoadError(
                 f"the model {name!r} has {model.config.vocab_size} output logits, fewer than the "
                 f"{len(tokenizer)} tokens of its tokenizer"
             )
     pair = ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
-    if compile != "off":
+    # a head reads the target's hidden states through a hook on its LM head, which a compiled forward
+    # would trace away: the pair runs eagerly
+    if compile != "off" and not head:
         from specq.decoding.compiled import FirstForwards, compile_model, warm_up_decoding
 
         # what a job runs first: the target verifies k + 1 tokens behind a draft model, one alone

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-from specq.distill.corpus import Prompt, decode_with_target
+from specq.distill.corpus import Decoded, Prompt, decode_with_target
 from specq.distill.run import train_draft
 from specq.distill.settings import Budget, DistillSettings, DraftShape
 from specq.distill.sizing import build_draft, draft_config
@@ -66,19 +66,25 @@ def _acceptance(target, draft, prompts) -> float:
     return engine.stats.acceptance_rate
 
 
-@pytest.fixture(scope="module")
-def distilled(tmp_path_factory):
-    """(target, held-out prompts, {name: draft}): an untrained draft, and drafts of the same (default) size
-    for the tiny target trained alike on the stored top-20 or on the live distributions, right or
-    shuffled."""
-    torch.manual_seed(0)
+def tiny_target_data() -> tuple[Any, list[tuple[int, ...]], list[Decoded]]:
+    """A tiny random target (frozen), 16 held-out prompts, and its greedy completions of 64 training
+    prompts with its top 20 tokens at each position."""
     target = tiny_llama(vocab=64, layers=2, hidden=64, seed=0)
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     rng = random.Random(0)
     train, heldout = _random_prompts(64, rng), _random_prompts(16, rng)
     requests = [Prompt(i, GenerationRequest(i, p, GREEDY)) for i, p in enumerate(train)]
-    sequences = decode_with_target(target, IdTokenizer(), requests, batch_size=16, top_k=20)
+    return target, heldout, decode_with_target(target, IdTokenizer(), requests, batch_size=16, top_k=20)
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    """(target, held-out prompts, {name: draft}): an untrained draft, and drafts of the same (default) size
+    for the tiny target trained alike on the stored top-20 or on the live distributions, right or
+    shuffled."""
+    torch.manual_seed(0)
+    target, heldout, sequences = tiny_target_data()
     drafts = {"untrained": build_draft(target, DraftShape(), seed=0)}
     teachers: dict[str, Teacher | StoredTeacher] = {
         "stored": StoredTeacher(),
@@ -138,7 +144,11 @@ def _prompt_lines(count: int) -> list[dict[str, Any]]:
     return lines
 
 
-FAST = ["--max-tokens", "16", "--budget", "3000", "--checkpoint-every", "5", "--eval-warmup", "0", "--no-progress"]
+# the draft model (the default is a draft head: tests/test_draft_head.py)
+FAST = [
+    *("--proposer", "model", "--max-tokens", "16", "--budget", "3000", "--checkpoint-every", "5"),
+    *("--eval-warmup", "0", "--no-progress"),
+]
 
 
 def _train(target, data, out, *more):
@@ -197,6 +207,7 @@ def _fast_settings(target: str, data: str) -> DistillSettings:
     return DistillSettings(
         target=target,
         data=data,
+        proposer="model",
         sampling=SamplingParams(max_tokens=16, temperature=0.0),
         budget=Budget(tokens=3000),
         checkpoint_every=5,

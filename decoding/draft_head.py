@@ -1,0 +1,257 @@
+"""A recurrent draft head over the target's own hidden state as the proposer (ReDrafter, Cheng et al.
+2024; the feature-level drafting of EAGLE, Li et al. 2024, and Medusa's heads, Cai et al. 2024).
+
+The head keeps no KV cache: its state starts as the target's final hidden state (what the target's
+LM head reads) at the position that produced the row's newest token x1, and each draft token is one
+small step of it:
+
+    s_0 = the target's final hidden state that produced x1
+    s_i = norm(s_{i-1} + down(silu(gate([s_{i-1}; e(x_i)])) * up([s_{i-1}; e(x_i)])))     i = 1..k
+    x_{i+1} ~ softmax(W' s_i)
+
+with e the target's input embedding and W' the target's own LM-head rows of a reduced vocabulary:
+the V' tokens the target most often says (tokens outside it are never proposed). On SmolLM2-135M the
+whole 49,152 x 576 head costs about a fifth of a target forward per draft token; 8,192 rows cost a
+sixth of that. Both tables are the target's, frozen and shared with it, never stored with the head.
+
+The target's final hidden states are read by a forward pre-hook on its LM head (`HiddenTap`),
+installed only on a target that a head drafts for: the verify pass computes them anyway, so reading
+them costs nothing, and target-only decoding and the other proposers run exactly as before. After
+each verify the row's new state is the hidden state at its last accepted position. A row's first
+step after admission verifies without drafting: the prefill runs in groups of rows that keep only
+their last positions' logits, so the proposer takes the state from that first step instead (one
+plain step per request).
+
+Lossless as any proposer: greedy rows accept what the target would have said, sampled rows are
+verified by modified rejection sampling against the head's probabilities (decoding/rejection.py).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from specq.decoding.proposer import Offer
+from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
+from specq.decoding.stats import DRAFT_MODEL
+
+if TYPE_CHECKING:
+    from specq.decoding.batch import Admission, BatchState
+    from specq.decoding.hf_model import CausalLM
+    from specq.decoding.stats import EngineStats
+
+HEAD_CONFIG = "specq-head.json"  # names a folder as a draft head (`--draft DIR` loads it beside the target)
+HEAD_WEIGHTS = "head.pt"
+HEAD_KIND = "recurrent-head"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """What a head folder's HEAD_CONFIG holds: the head's shape and the target it was trained for."""
+
+    hidden_size: int  # the target's
+    intermediate_size: int
+    vocab_rows: int  # V': the target's LM-head rows the head proposes from
+    target_vocab_size: int  # the target's LM-head rows, to refuse a head made for another target
+    kind: str = HEAD_KIND
+    version: int = 1
+
+
+def is_head_folder(path: str | Path) -> bool:
+    return (Path(path) / HEAD_CONFIG).is_file()
+
+
+class DraftHead(torch.nn.Module):
+    """The recurrent head on a target. Its own parameters are the step's (gate, up, down, norm); the
+    vocabulary it proposes from is a buffer of target ids; the embedding and LM-head rows are views of
+    the target's, not saved with it."""
+
+    vocab_ids: torch.Tensor  # [V'] the target ids of the head's rows (a buffer)
+
+    def __init__(self, target: Any, config: HeadConfig, vocab_ids: torch.Tensor) -> None:  # a PreTrainedModel
+        super().__init__()
+        embedding = target.get_input_embeddings().weight  # [V, H]
+        lm_head = target.get_output_embeddings().weight  # [V, H]
+        hidden = embedding.shape[1]
+        if config.hidden_size != hidden or config.target_vocab_size != lm_head.shape[0]:
+            raise ValueError(
+                f"the head was trained for a target {config.hidden_size} wide with {config.target_vocab_size} "
+                f"tokens; this one is {hidden} wide with {lm_head.shape[0]}"
+            )
+        if vocab_ids.shape != (config.vocab_rows,) or int(vocab_ids.max()) >= lm_head.shape[0]:
+            raise ValueError("the head's vocabulary does not fit its config or the target")
+        self.config = config
+        self.target_vocab_size = int(lm_head.shape[0])
+        device, dtype = embedding.device, embedding.dtype
+        self.register_buffer("vocab_ids", vocab_ids.to(device=device, dtype=torch.int64))  # [V']
+        # the target's tables, read and never trained or saved
+        self._embedding = embedding.detach()
+        self._head_rows = lm_head.detach()[self.vocab_ids]  # [V', H], a copy of V' rows
+        width = 2 * hidden
+        self.gate = torch.nn.Linear(width, config.intermediate_size, bias=False, device=device, dtype=dtype)
+        self.up = torch.nn.Linear(width, config.intermediate_size, bias=False, device=device, dtype=dtype)
+        self.down = torch.nn.Linear(config.intermediate_size, hidden, bias=False, device=device, dtype=dtype)
+        torch.nn.init.zeros_(self.down.weight)  # an untrained head keeps s_0: it proposes what x1's state said
+        self.norm = torch.nn.RMSNorm(hidden, eps=1e-5, device=device, dtype=dtype)
+        final_norm = _final_norm_weight(target)
+        if final_norm is not None and final_norm.shape == (hidden,):
+            with torch.no_grad():  # the scale the target's LM head reads its states at
+                self.norm.weight.copy_(final_norm)
+
+    def step(self, state: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """The next state [n, H] from `state` [n, H] and the token just proposed or emitted [n]."""
+        joined = torch.cat([state, self._embedding[token_ids]], dim=-1)  # [n, 2H]
+        return self.norm(state + self.down(torch.nn.functional.silu(self.gate(joined)) * self.up(joined)))
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """[n, V'] over the head's vocabulary (`vocab_ids`)."""
+        return state @ self._head_rows.T
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        own = {name: value.detach().cpu() for name, value in self.state_dict().items()}
+        torch.save(own, folder / HEAD_WEIGHTS)
+        (folder / HEAD_CONFIG).write_text(json.dumps(asdict(self.config), indent=2) + "\n", encoding="utf-8")
+
+
+def _final_norm_weight(target: CausalLM) -> torch.Tensor | None:
+    base = getattr(target, getattr(target, "base_model_prefix", "model"), None)
+    norm = getattr(base, "norm", None)
+    weight = getattr(norm, "weight", None)
+    return weight.detach() if isinstance(weight, torch.Tensor) else None
+
+
+def load_head(folder: str | Path, target: CausalLM) -> DraftHead:
+    """The head in `folder` on `target` (its device and dtype); ValueError with one sentence if the
+    folder is not a head's or the head was made for another target."""
+    folder = Path(folder)
+    try:
+        raw = json.loads((folder / HEAD_CONFIG).read_text(encoding="utf-8"))
+        config = HeadConfig(**raw)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"{folder / HEAD_CONFIG} is not a draft head's config ({exc})") from None
+    if config.kind != HEAD_KIND or config.version != 1:
+        raise ValueError(f"{folder / HEAD_CONFIG} names a head of kind {config.kind!r} v{config.version}")
+    try:
+        weights = torch.load(folder / HEAD_WEIGHTS, map_location="cpu", weights_only=True)
+        head = DraftHead(target, config, weights["vocab_ids"])
+        head.load_state_dict(weights)
+    except Exception as exc:  # a truncated or foreign file fails in the unpickler, anyhow
+        raise ValueError(f"cannot load the draft head in {folder} ({type(exc).__name__}: {_first_line(exc)})") from None
+    return head.eval()
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "no message"
+
+
+class HiddenTap:
+    """The input of a target's LM head at its latest forward: the final hidden states [rows, T, H] of
+    the positions whose logits it computed. One tap per target, installed on first use."""
+
+    _taps: ClassVar[weakref.WeakKeyDictionary[torch.nn.Module, HiddenTap]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, lm_head: torch.nn.Module) -> None:
+        self.latest: torch.Tensor | None = None
+        lm_head.register_forward_pre_hook(self._record)
+
+    def _record(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        self.latest = args[0]
+
+    @classmethod
+    def on(cls, target: CausalLM) -> HiddenTap:
+        lm_head = target.get_output_embeddings()
+        tap = cls._taps.get(lm_head)
+        if tap is None:
+            tap = cls._taps[lm_head] = cls(lm_head)
+        return tap
+
+    def take(self) -> torch.Tensor | None:
+        latest, self.latest = self.latest, None
+        return latest
+
+
+class DraftHeadProposer:
+    """Implements `Proposer` with a `DraftHead` reading the target's final hidden states."""
+
+    def __init__(self, head: DraftHead, target: CausalLM, max_k: int, vocab_size: int) -> None:
+        self.head = head
+        self.max_k = max_k
+        self.vocab_size = vocab_size  # draft_probs are padded to it, as the target's probabilities are
+        self.tap = HiddenTap.on(target)
+        hidden = head.config.hidden_size
+        parameter = next(head.parameters())
+        self.states = parameter.new_zeros(0, hidden)  # [rows, H] the state that produced each row's newest token
+        self.ready = np.zeros(0, bool)  # [rows] whether `states` holds it (not before a row's first step)
+
+    def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
+        self.ready[admission.rows] = False
+        self.tap.take()  # the prefill's hidden states: not a step's (see the module's docstring)
+
+    def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
+        lengths = np.zeros(batch.rows, np.int64)
+        lengths[live] = np.where(self.ready[live], np.minimum(limits[live], self.max_k), 0)
+        return Offer(lengths, np.full(batch.rows, DRAFT_MODEL, np.int64))
+
+    def propose(
+        self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        sampling = batch.sampling
+        head = self.head
+        state = self.states
+        token = batch.token_ids.gather(1, (batch.seq_lens - 1).unsqueeze(1)).squeeze(1)  # [rows] x1
+        token_ids: list[torch.Tensor] = []  # k of [rows]
+        probs: list[torch.Tensor] = []  # k of [rows, V]
+        for i in range(k):
+            state = head.step(state, token)
+            logits = head.logits(state)  # [rows, V']
+            stats.draft_forwards += 1
+            if sampling.all_greedy:
+                token = head.vocab_ids[logits.argmax(dim=-1)]
+                token_ids.append(token)
+                continue
+            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))  # [rows, V]
+            full.index_copy_(1, head.vocab_ids, logits)
+            position_probs = logits_to_probs(full.unsqueeze(1), sampling).squeeze(1)  # [rows, V]
+            positions = (batch.seq_lens + i).unsqueeze(1)  # [rows, 1]
+            if sampling.reproducible:  # the target's noise at this position: the coupling
+                token = race_sample(position_probs.unsqueeze(1), sampling.seeds, positions).squeeze(1)
+            else:
+                uniforms = counter_uniforms(sampling.seeds, positions, Stream.DRAFT)  # [rows, 1]
+                token = sample_from_probs(position_probs, uniforms.squeeze(1))
+            token_ids.append(token)
+            probs.append(position_probs)
+        draft_probs = torch.stack(probs, dim=1) if probs else None  # [rows, k, V]
+        return torch.stack(token_ids, dim=1), draft_probs
+
+    def advance(self, batch: BatchState, output_ids: np.ndarray, emitted: np.ndarray) -> None:
+        hidden = self.tap.take()  # [rows, k + 1, H] of the verify, None after the prefill's first tokens
+        rows = np.flatnonzero(emitted)
+        if rows.size == 0:
+            return
+        if hidden is None or hidden.shape[0] != batch.rows:
+            self.ready[rows] = False
+            return
+        rows_t = torch.from_numpy(rows).to(self.states.device)
+        # the position that produced the row's newest token: after its accepted draft tokens
+        at = torch.from_numpy(emitted[rows] - 1).to(self.states.device)
+        self.states[rows_t] = hidden[rows_t, at].to(self.states.dtype)
+        self.ready[rows] = True
+
+    def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
+        self.ready[rows] = False
+
+    def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
+        kept_states = self.states if keep is None else self.states[torch.as_tensor(keep, device=self.states.device)]
+        kept_ready = self.ready if keep is None else self.ready[keep]
+        kept_states, kept_ready = kept_states[:rows], kept_ready[:rows]
+        add = rows - kept_ready.size
+        self.states = torch.cat([kept_states, kept_states.new_zeros(add, kept_states.shape[1])])
+        self.ready = np.concatenate([kept_ready, np.zeros(add, bool)])
