@@ -16,11 +16,14 @@ PolicyKey = tuple[str, str | None, str | None, int, bool, ModelFree | None]
 # K when none is given: a draft model's proposals cost a forward each, so 4; a looked-up proposal costs
 # none, and a long match pays up to the verify width (prompt lookup on the grounded workload at batch 1:
 # 2.61x target-only with 8, 2.22x with 4, on 44caf84: the command is in that commit's docs/benchmarks.md,
-# and the dated log does not hold the run). A hybrid with K not given takes each: its draft model goes 4
-# deep, its lookups 8 (with the draft model 8 deep too, the hybrid verified wider than the draft model
-# alone for no more tokens, and lost to it on continuation at 16 rows; docs/benchmark-log/2026-12.md,
-# "The hybrid's draft model goes 4 deep, as it does alone")
-DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 8
+# and the dated log does not hold the run). 16, not 8: a code edit copies spans longer than 8 tokens
+# (SmolLM2's greedy code-edit answers replayed through prompt lookup: 35 steps with 16 against 45 with 8
+# at batch 1, 110 against 134 for 16 prompts), and the policy verifies narrower wherever the width does
+# not pay (docs/benchmark-log/2026-12.md, "Prompt lookup against transformers'"). A hybrid with K not given
+# takes each: its draft model goes 4 deep, its lookups 16 (with the draft model as deep too, the hybrid
+# verified wider than the draft model alone for no more tokens, and lost to it on continuation at 16
+# rows; docs/benchmark-log/2026-12.md, "The hybrid's draft model goes 4 deep, as it does alone")
+DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 16
 
 
 @dataclass(frozen=True)
