@@ -164,7 +164,10 @@ def test_k_defaults_to_more_for_a_model_free_proposer_and_an_explicit_k_wins():
     from specq.decoding.config import DecodingConfig
 
     assert DecodingConfig().num_speculative_tokens == 4
-    assert DecodingConfig(model_free="ngram").num_speculative_tokens == 16
+    assert DecodingConfig(model_free="ngram").num_speculative_tokens == 8
+    # a wide verify costs a few rows little more than a plain step: there a long match pays up to 16
+    assert DecodingConfig(model_free="ngram", batch_size=4).num_speculative_tokens == 16
+    assert DecodingConfig(model_free="ngram", batch_size=5).num_speculative_tokens == 8
     assert DecodingConfig(model_free="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
 
 
@@ -181,7 +184,7 @@ def test_a_hybrids_draft_model_goes_as_deep_as_alone_unless_k_is_given():
             DecodingConfig(num_speculative_tokens=6),
         )
     ]
-    assert depths == [(4, 4), (16, 4), (6, 6), (2, 2), (6, 6)]
+    assert depths == [(4, 4), (8, 4), (6, 6), (2, 2), (6, 6)]
     stored = DecodingConfig(model_free="suffix").to_dict()
     assert DecodingConfig(**stored) == DecodingConfig(model_free="suffix")  # a job's stored config round-trips
     with pytest.raises(ValueError, match="draft_model_depth"):
