@@ -93,10 +93,37 @@ class _FreshIndexContender(_Contender):
         self.run.stats = _summed(self.timed)
 
 
+class _TimedBaselineContender(_BaselineContender):
+    """An HF baseline that keeps, over its timed passes, where each pass's time went (`BaselineRun`)."""
+
+    def __init__(self, run: Run, generate: Callable[[], hf_baselines.BaselineRun]) -> None:
+        super().__init__(run, generate)
+        self.timed: list[hf_baselines.BaselineRun] = []
+        self.timing = False
+
+    def once(self) -> tuple[dict[int, list[int]], float]:
+        result = self.generate()
+        if self.timing:
+            self.timed.append(result)
+        return result.outputs, result.seconds
+
+    def begin(self) -> None:
+        self.timing = True
+
+    def end(self) -> None:
+        passes = max(len(self.timed), 1)
+        self.run.stats = {
+            "prefill_seconds": sum(r.prefill_seconds for r in self.timed) / passes,
+            "decode_forwards": sum(r.decode_forwards for r in self.timed) / passes,
+        }
+
+
 def _summed(all_stats: list[EngineStats]) -> dict[str, Any]:
+    """The timed passes' counters, summed; prefill seconds and decode forwards (one a step) per pass."""
     by_proposer = empty_by_proposer()
     k_steps: dict[int, int] = {}
     drafted = accepted = 0
+    passes = max(len(all_stats), 1)
     for stats in all_stats:
         drafted += stats.num_draft_tokens
         accepted += stats.num_accepted_tokens
@@ -111,6 +138,8 @@ def _summed(all_stats: list[EngineStats]) -> dict[str, Any]:
         "acceptance_rate": accepted / drafted if drafted else None,
         "by_proposer": by_proposer,
         "k_steps": k_steps,
+        "prefill_seconds": sum(stats.time_prefill_s for stats in all_stats) / passes,
+        "decode_forwards": sum(stats.num_steps for stats in all_stats) / passes,
     }
 
 
@@ -200,10 +229,10 @@ def _hf_contender(name: str, batch_size: int, target, tokenizer, requests: list[
     config = hf_baselines.generation_config(params, pad if isinstance(pad, int) else min(eos, default=0), eos)
     prompts = [r.prompt_token_ids for r in requests]
     if name == "hf_generate":
-        return _BaselineContender(
+        return _TimedBaselineContender(
             Run(name, batch_size), lambda: hf_baselines.batched_generate(target, prompts, batch_size, config, eos)
         )
-    return _BaselineContender(
+    return _TimedBaselineContender(
         Run(name, batch_size),
         lambda: hf_baselines.prompt_lookup_generate(target, prompts, config, eos, HF_PROMPT_LOOKUP_TOKENS),
     )
@@ -245,6 +274,9 @@ def _row(workload: str, batch_size: int, runs: dict[str, Run], compare: bool) ->
             "mean_k": mean_k({int(k): n for k, n in stats.get("k_steps", {}).items()}),
             "same_output": None if mismatches is None else not any(m["run"] == name for m in mismatches),
             "seconds": statistics.median(run.seconds),
+            # where a pass's time went: its prompts' prefill, and the target's decode forwards (steps)
+            "prefill_seconds": stats.get("prefill_seconds"),
+            "decode_forwards": stats.get("decode_forwards"),
         }
     return {
         "workload": workload,
@@ -294,11 +326,12 @@ def _summary(row: dict[str, Any]) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The table for docs/benchmarks.md: per workload and batch size, each contender's tokens/s, its
     speedup over target-only (the median round's, with the lowest and highest rounds' where there were
-    several), its acceptance (split by proposer for the hybrid), greedy identity."""
+    several), its acceptance (split by proposer for the hybrid), greedy identity, and where a pass's
+    time went: its median seconds, of them the prefill (mean), and the target's decode forwards."""
     lines = [
         "| workload | B | contender | tokens/s | vs target-only (rounds) | acceptance | by proposer | mean k |"
-        " same output |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        " same output | s a pass | prefill s | decode forwards |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in results["rows"]:
         for name, c in row["contenders"].items():
@@ -308,9 +341,11 @@ def markdown(results: dict[str, Any]) -> str:
             same = "n/a" if c["same_output"] is None else ("yes" if c["same_output"] else "NO")
             spread = c.get("over_target_only_range")
             speedup = f"{c['over_target_only']:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else "")
+            prefill = "-" if c.get("prefill_seconds") is None else f"{c['prefill_seconds']:.2f}"
+            forwards = "-" if c.get("decode_forwards") is None else f"{c['decode_forwards']:.0f}"
             lines.append(
                 f"| {row['workload']} | {row['batch_size']} | {name} | {c['tokens_per_s']:.1f} | "
-                f"{speedup} | {acceptance} | {split} | {k} | {same} |"
+                f"{speedup} | {acceptance} | {split} | {k} | {same} | {c['seconds']:.2f} | {prefill} | {forwards} |"
             )
     notes = _repetition_notes(results["rows"]) + [
         f"- {workload}: {count} prompts dropped before timing (--drop-loops), their target-only completions loop."

@@ -26,14 +26,54 @@ if TYPE_CHECKING:
 
 @dataclass
 class BaselineRun:
-    """Completions by prompt index, and the wall-clock seconds of the whole pass over the prompts."""
+    """Completions by prompt index, the wall-clock seconds of the whole pass over the prompts, and where
+    they went: the seconds of each `generate` call's first forward (its prompt's prefill; with prompt
+    lookup, the first candidates verified with it) and the target's forwards after it (decode steps)."""
 
     outputs: dict[int, list[int]]
     seconds: float
+    prefill_seconds: float = 0.0
+    decode_forwards: int = 0
 
     @property
     def tokens(self) -> int:
         return sum(len(tokens) for tokens in self.outputs.values())
+
+
+class _ForwardClock:
+    """The target's forwards during a pass, seen by module hooks (two clock reads a forward): the first of
+    each `generate` call (`next_call`) is timed as its prefill, the rest are counted as decode steps."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.prefill_seconds = 0.0
+        self.decode_forwards = 0
+        self._first = True
+        self._started = 0.0
+
+    def __enter__(self) -> _ForwardClock:
+        self._hooks = [
+            self.model.register_forward_pre_hook(self._before),
+            self.model.register_forward_hook(self._after),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    def next_call(self) -> None:
+        self._first = True
+
+    def _before(self, module: Any, args: Any) -> None:
+        self._started = time.perf_counter()
+
+    def _after(self, module: Any, args: Any, output: Any) -> None:
+        if self._first:
+            self.prefill_seconds += time.perf_counter() - self._started
+            self._first = False
+        else:
+            self.decode_forwards += 1
 
 
 def completion_tokens(generated: Sequence[int], eos_token_ids: Collection[int]) -> list[int]:
@@ -77,8 +117,9 @@ def batched_generate(
     pad = config.pad_token_id
     outputs: dict[int, list[int]] = {}
     started = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), _ForwardClock(model) as clock:
         for start in range(0, len(prompts), batch_size):
+            clock.next_call()
             chunk = prompts[start : start + batch_size]
             width = max(len(p) for p in chunk)
             input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in chunk], device=device)  # [b, width]
@@ -88,7 +129,7 @@ def batched_generate(
             )  # [b, width + new]
             for row, generated in enumerate(sequences[:, width:].tolist()):
                 outputs[start + row] = completion_tokens(generated, eos_token_ids)
-    return BaselineRun(outputs, time.perf_counter() - started)
+    return BaselineRun(outputs, time.perf_counter() - started, clock.prefill_seconds, clock.decode_forwards)
 
 
 def assisted_generate(
@@ -131,8 +172,9 @@ def _generate_one_at_a_time(
     device = next(model.parameters()).device
     outputs: dict[int, list[int]] = {}
     started = time.perf_counter()
-    with torch.inference_mode(), _quiet_transformers():
+    with torch.inference_mode(), _quiet_transformers(), _ForwardClock(model) as clock:
         for i, prompt in enumerate(prompts):
+            clock.next_call()
             input_ids = torch.tensor([list(prompt)], device=device)  # [1, prompt]
             sequence = model.generate(  # type: ignore[operator]
                 input_ids=input_ids,
@@ -141,7 +183,7 @@ def _generate_one_at_a_time(
                 **speculation,
             )  # [1, prompt + new]
             outputs[i] = completion_tokens(sequence[0, len(prompt) :].tolist(), eos_token_ids)
-    return BaselineRun(outputs, time.perf_counter() - started)
+    return BaselineRun(outputs, time.perf_counter() - started, clock.prefill_seconds, clock.decode_forwards)
 
 
 def assistant_settings(draft: PreTrainedModel, assistant_tokens: int | None) -> dict[str, Any]:

@@ -73,7 +73,8 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     "-k",
     type=int_range(BENCH_SPECULATIVE_TOKENS),
     help="K: the most draft tokens a step proposes (the K-fixed run always proposes K). Default: 4; with "
-    "--workloads, each contender's own default, as `specq run` has it (8 for the model-free ones).",
+    "--workloads, each contender's own default, as `specq run` has it (for the model-free ones 16 at batch "
+    "sizes up to 4, else 8).",
 )
 @click.option(
     "--temperature",

@@ -16,16 +16,25 @@ PolicyKey = tuple[str, str | None, str | None, int, bool, ModelFree | None]
 # K when none is given: a draft model's proposals cost a forward each, so 4; a looked-up proposal costs
 # none, and a long match pays up to the verify width (prompt lookup on the grounded workload at batch 1:
 # 2.61x target-only with 8, 2.22x with 4, on 44caf84: the command is in that commit's docs/benchmarks.md,
-# and the dated log does not hold the run). A hybrid with K not given takes each: its draft model goes 4
-# deep, its lookups 8 (with the draft model 8 deep too, the hybrid verified wider than the draft model
-# alone for no more tokens, and lost to it on continuation at 16 rows; docs/benchmark-log/2026-12.md,
-# "The hybrid's draft model goes 4 deep, as it does alone")
+# and the dated log does not hold the run). In a batch of a few rows, 16: a code edit copies spans
+# longer than 8 tokens (SmolLM2's greedy code-edit answers replayed through prompt lookup: 35 steps with
+# 16 against 45 with 8 at batch 1) and a wide verify costs little more than a plain step (SmolLM2 at
+# batch 1 on the 2-core CPU: 17 tokens a row about 2.5 plain steps); in a larger batch, 8: there it costs
+# up to its width (16 rows: about 8 plain steps), and with 16 the policy's warm-up and probes of the wide
+# widths cost the demo pair's 16-row jobs more than the long matches saved (templated: 0.89x target-only
+# with ngram, 0.70x with the hybrid, in one round; docs/benchmark-log/2026-12.md, "Prompt lookup against
+# transformers'"). A hybrid with K not given takes each: its draft model goes 4 deep, its lookups 8 or
+# 16 (with the draft model as deep too, the hybrid verified wider than the draft model alone for no more
+# tokens, and lost to it on continuation at 16 rows; docs/benchmark-log/2026-12.md, "The hybrid's draft
+# model goes 4 deep, as it does alone")
 DRAFT_MODEL_SPECULATIVE_TOKENS, MODEL_FREE_SPECULATIVE_TOKENS = 4, 8
+MODEL_FREE_FEW_ROWS, MODEL_FREE_FEW_ROWS_SPECULATIVE_TOKENS = 4, 16  # batches of at most this many rows: K 16
 
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    # K: the most draft tokens a step may propose; None: DRAFT_MODEL_ or MODEL_FREE_SPECULATIVE_TOKENS
+    # K: the most draft tokens a step may propose; None: DRAFT_MODEL_SPECULATIVE_TOKENS, or a model-free
+    # proposer's by batch size (MODEL_FREE_FEW_ROWS)
     num_speculative_tokens: int = None  # type: ignore[assignment]  # resolved to an int in __post_init__
     # the most tokens a draft model proposes a step (its forwards); None: K where K is given, else
     # DRAFT_MODEL_SPECULATIVE_TOKENS. Below K only in a hybrid, whose looked-up rows verify up to K;
@@ -53,7 +62,10 @@ class DecodingConfig:
             given = self.num_speculative_tokens
             object.__setattr__(self, "draft_model_depth", DRAFT_MODEL_SPECULATIVE_TOKENS if given is None else given)
         if self.num_speculative_tokens is None:
-            default = DRAFT_MODEL_SPECULATIVE_TOKENS if self.model_free is None else MODEL_FREE_SPECULATIVE_TOKENS
+            default = DRAFT_MODEL_SPECULATIVE_TOKENS
+            if self.model_free is not None:
+                few_rows = self.batch_size <= MODEL_FREE_FEW_ROWS
+                default = MODEL_FREE_FEW_ROWS_SPECULATIVE_TOKENS if few_rows else MODEL_FREE_SPECULATIVE_TOKENS
             object.__setattr__(self, "num_speculative_tokens", default)
         NUM_SPECULATIVE_TOKENS.check("num_speculative_tokens", self.num_speculative_tokens)
         lowest_depth = min(1, self.num_speculative_tokens)

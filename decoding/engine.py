@@ -157,7 +157,7 @@ class SpeculativeEngine:
         self._draft_proposer = draft
         if model_free is None:
             return draft
-        looked_up = ModelFreeProposer(self.max_k, self.vocab_size, self.suffix_index)
+        looked_up = ModelFreeProposer(self.max_k, self.vocab_size, self.suffix_index, policy=self.policy)
         return looked_up if draft is None else HybridProposer(draft, looked_up, self.policy)
 
     def reset_stats(self) -> None:

@@ -40,7 +40,8 @@ acceptance is measured on a few draft tokens (`_SETTLED_DRAFT_TOKENS`), and unti
 goes to the full K.
 Between a choice of k = 0 and the next probe the policy rests: the engine decodes plainly without
 asking the proposer for offers (`wants_offers`), so prompt lookups and suffix-index walks, a few per
-cent of a compute-bound batch's step, are not paid where they are not used. For the same reason the
+cent of a compute-bound batch's step, are not paid where they are not used; where they cost next to
+nothing (a row or a few), it does not rest, and a match that comes up is taken when it comes up. For the same reason the
 offers' measured time is charged to speculating only: choosing k = 0 stops paying it.
 
 Rows need not offer the same number of draft tokens: a model-free proposer offers, per row, only what
@@ -90,6 +91,11 @@ _FULL_PROBE_REACH = 0.75
 # it could not pay, and probes of one token, spaced ever wider, took most of a 1,000-step job (16
 # prompts at batch 1) to learn otherwise. A probe of K tokens at batch 1 costs about two plain steps.
 _SETTLED_DRAFT_TOKENS = 16
+# A resting policy still asks for offers where they cost less than this share of a plain step: resting
+# saves only their time, and where that is next to nothing it lost the matches that came up between
+# probes (SmolLM2 at batch 1 on the 2-core CPU: a prompt lookup or suffix walk 0.1-0.5 ms, a plain step
+# 60-130 ms; the suffix contender rested through half of extract's steps)
+_NEGLIGIBLE_OFFERS = 0.01
 
 
 class _Timing:
@@ -313,8 +319,13 @@ class SpeculationPolicy:
     def wants_offers(self, rows: int) -> bool:
         """Whether the next step of a batch of `rows` should ask the proposer for offers and `choose`;
         False while resting (the last choice at `rows` rows was k = 0 and no probe is due): the step is
-        then plain, and `rest` counts it."""
-        return self.fixed or self._resting_at != rows or self.steps + 1 >= self._next_probe
+        then plain, and `rest` counts it. Never resting where the offers' time is negligible
+        (`_NEGLIGIBLE_OFFERS`)."""
+        if self.fixed or self._resting_at != rows or self.steps + 1 >= self._next_probe:
+            return True
+        offers = _value(self.t_offer.get(rows))
+        plain = _value(self.t_target.get(rows, {}).get(1))
+        return offers is not None and plain is not None and offers < _NEGLIGIBLE_OFFERS * plain
 
     def rest(self) -> None:
         self.steps += 1

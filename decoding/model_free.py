@@ -3,7 +3,8 @@
 - `ModelFreeProposer`: per row, the tokens that followed the longest earlier match of the row's
   suffix in its own sequence (decoding/prompt_lookup.py; Saxena 2023, vLLM's `ngram`) and, with a
   `SuffixIndex`, the most frequent continuation in the job's finished outputs (decoding/suffix_index.py;
-  SuffixDecoding, Oliaro et al. 2025), whichever is longer. A row without a match offers nothing and
+  SuffixDecoding, Oliaro et al. 2025), whichever expects more tokens at its length by the policy's
+  acceptance of each. A row without a match offers nothing and
   costs only its verified token.
   The index is fed outputs, each after the last few tokens of its prompt, not whole prompts: a row's
   own prompt is prompt lookup's to copy from, as SuffixDecoding keeps a per-request tree for it, and
@@ -57,7 +58,11 @@ if TYPE_CHECKING:
 
 # Prompt lookup's match lengths. Below 3 tokens a match in code or prose is mostly chance (a one- or
 # two-token n-gram recurs everywhere) and its proposals are rejected often enough to cost more verify
-# width than they earn; 6 covers the distinctive spans.
+# width than they earn; 6 covers the distinctive spans. (Two-token matches taken at their first
+# occurrence saved SmolLM2's code-edit answers a fifth of their steps, but on the demo pair's grounded
+# workload they were rejected: 0.31 acceptance where longer matches had 0.92, and counted in the same
+# acceptance as those, they made the policy rest at 16 rows: docs/benchmark-log/2026-12.md, "Prompt
+# lookup against transformers'". They want an acceptance of their own first.)
 MIN_MATCH, MAX_MATCH = 3, 6
 # Where a hybrid's lookups have not paid for their own time (prompt lookups and suffix-index walks cost
 # a compute-bound step of 16 rows a few per cent: benchmarks/step_costs.py), it looks up only every this
@@ -88,11 +93,13 @@ class ModelFreeProposer:
         suffix_index: SuffixIndex | None = None,
         min_match: int = MIN_MATCH,
         max_match: int = MAX_MATCH,
+        policy: SpeculationPolicy | None = None,
     ) -> None:
         self.max_k = max_k
         self.vocab_size = vocab_size
         self.suffix_index = suffix_index
         self.min_match, self.max_match = min_match, max_match
+        self.policy = policy  # weighs a row's suffix-index proposal against its prompt lookup (`_better`)
         self.lookups: list[RowLookup | None] = []  # [rows]
         self.proposals: list[list[int]] = []  # [rows], the last offer's tokens
 
@@ -122,11 +129,22 @@ class ModelFreeProposer:
             tokens, _ = lookup.propose(limit)
             if self.suffix_index is not None:
                 suffix = self.suffix_index.propose(lookup.tokens, limit)
-                if len(suffix.tokens) > len(tokens):
+                if self._better(suffix.tokens, tokens):
                     tokens, sources[row] = suffix.tokens, SUFFIX
             self.proposals[row] = tokens
             lengths[row] = len(tokens)
         return Offer(lengths, sources)
+
+    def _better(self, suffix: list[int], looked_up: list[int]) -> bool:
+        """Whether a row takes the suffix index's proposal over its prompt lookup's: the one of more expected
+        tokens at its length, by the policy's measured acceptance of each (without a policy: the longer).
+        By length alone, the index's proposals from other prompts' answers, longer and mostly rejected
+        where answers do not share their text (extract at batch 1: a fifth to a third of their tokens
+        accepted), displaced the row's own prompt lookup, which would have been accepted."""
+        if self.policy is None or not suffix or not looked_up:
+            return len(suffix) > len(looked_up)
+        by_suffix = self.policy.expected_tokens_by_length(SUFFIX)[len(suffix)]
+        return bool(by_suffix > self.policy.expected_tokens_by_length(NGRAM)[len(looked_up)])
 
     def propose(
         self, batch: BatchState, k: int, num_draft_h: np.ndarray, stats: EngineStats

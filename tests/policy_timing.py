@@ -22,17 +22,20 @@ def modelled_step_times(
     policy: SpeculationPolicy,
     t_target: Callable[[int, int], float],
     t_draft_forward: float = 0.0,
+    t_offer: float = 0.0,
 ) -> None:
-    """Make `policy` learn `t_target(rows, width)` seconds for verifying `width` tokens a row, and
-    `t_draft_forward` seconds a draft-model forward, whatever the machine measured; offers and the
-    host's bookkeeping cost nothing."""
+    """Make `policy` learn `t_target(rows, width)` seconds for verifying `width` tokens a row,
+    `t_draft_forward` seconds a draft-model forward and `t_offer` the offers of a step that made them,
+    whatever the machine measured; the host's bookkeeping costs nothing."""
     observe = policy.observe_step
+    offers_cost = t_offer
 
     def modelled(rows, k, t_draft, t_target_measured, t_total, *, t_offer=None, draft_forwards=None):
         forwards = k if draft_forwards is None else min(draft_forwards, k)
         draft_s = t_draft_forward * forwards
         target_s = t_target(rows, k + 1)
-        offer_s = None if t_offer is None else 0.0
-        observe(rows, k, draft_s, target_s, draft_s + target_s, t_offer=offer_s, draft_forwards=draft_forwards)
+        offer_s = None if t_offer is None else offers_cost  # None: the step made no offers
+        total_s = draft_s + target_s + (offer_s or 0.0)
+        observe(rows, k, draft_s, target_s, total_s, t_offer=offer_s, draft_forwards=draft_forwards)
 
     monkeypatch.setattr(policy, "observe_step", modelled)

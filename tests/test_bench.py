@@ -459,3 +459,6 @@ def test_the_draft_axis_runs_transformers_beside_specq_and_a_target_alone_skips_
         2: ["target_only", "ngram", "hf_generate"],
     }
     assert all(row["same_output_all"] for row in results["rows"]), results["rows"]
+    for row in results["rows"]:  # where each pass's time went, transformers' passes too
+        for name, contender in row["contenders"].items():
+            assert contender["prefill_seconds"] > 0 and contender["decode_forwards"] >= 0, name

@@ -165,6 +165,9 @@ def test_k_defaults_to_more_for_a_model_free_proposer_and_an_explicit_k_wins():
 
     assert DecodingConfig().num_speculative_tokens == 4
     assert DecodingConfig(model_free="ngram").num_speculative_tokens == 8
+    # a wide verify costs a few rows little more than a plain step: there a long match pays up to 16
+    assert DecodingConfig(model_free="ngram", batch_size=4).num_speculative_tokens == 16
+    assert DecodingConfig(model_free="ngram", batch_size=5).num_speculative_tokens == 8
     assert DecodingConfig(model_free="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
 
 
@@ -224,6 +227,22 @@ def test_after_choosing_no_speculation_it_rests_without_offers_until_the_next_pr
     assert not policy.wants_offers(16)  # the probe changed nothing: back to resting
     assert policy.wants_offers(8)  # another row count has its own choice to make
     assert SpeculationPolicy(4, fixed=True).wants_offers(16)
+
+
+def test_it_does_not_rest_where_the_offers_cost_next_to_nothing():
+    # k = 0 wins, but a lookup costs 0.1 ms against a 10 ms plain step: resting would save nothing and
+    # miss the matches that come up before the next probe
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
+    for width in range(1, 6):
+        for _ in range(3):
+            policy.observe_step(1, width - 1, 0.0, 0.010 * width, 0.010 * width + 0.00005, t_offer=0.00005)
+    for _ in range(50):
+        policy.observe_acceptance(np.array([0]), np.array([4]), np.array([1]))  # rarely accepted
+    assert policy.choose(1, 4, np.array([4]), np.array([1])) == 0
+    assert all(policy.wants_offers(1) for _ in range(3))
+    for _ in range(15):  # the offers now cost a tenth of a plain step: it rests
+        policy.observe_step(1, 0, 0.0, 0.010, 0.011, t_offer=0.001)
+    assert not policy.wants_offers(1)
 
 
 def test_the_offers_time_is_charged_to_speculating_only():

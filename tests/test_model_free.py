@@ -21,7 +21,7 @@ from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, Sp
 from specq.decoding import engine as decoding_engine
 from specq.decoding import sampling as decoding_sampling
 from specq.decoding.k_policy import Mix, SpeculationPolicy
-from specq.decoding.model_free import HybridProposer, point_mass_probs
+from specq.decoding.model_free import HybridProposer, ModelFreeProposer, point_mass_probs
 from specq.decoding.prompt_lookup import RowLookup
 from specq.decoding.proposer import Offer
 from specq.decoding.stats import DRAFT_MODEL, NGRAM, SUFFIX
@@ -54,6 +54,27 @@ def test_prompt_lookup_without_a_match_proposes_nothing():
     lookup = RowLookup(min_match=3, max_match=6)
     lookup.extend([1, 2, 3, 4, 5, 1, 2])  # 1 2 recurs, but a match needs 3 tokens
     assert lookup.propose(4) == ([], 0)
+
+
+def test_a_suffix_proposal_displaces_a_rows_prompt_lookup_only_where_it_expects_more():
+    index = SuffixIndex(min_context=2, max_context=4, min_confidence=0.1)
+    index.add([1, 2, 3, 4, 5, 6, 7])  # after 1 2 3: 4 5 6 7
+    policy = SpeculationPolicy(8, fixed=False)
+    proposer = ModelFreeProposer(8, 16, index, policy=policy)
+    proposer.resize(1, 0, None)
+    lookup = RowLookup(3, 6)
+    lookup.extend([1, 2, 3, 9, 1, 2, 3])  # prompt lookup: 9 1 2 3 ..., 8 tokens (the period repeated)
+    proposer.lookups[0] = lookup
+    batch = SimpleNamespace(rows=1)
+
+    def offered() -> tuple[int, int]:
+        offer = proposer.offer(batch, np.array([0]), np.array([8]))  # type: ignore[arg-type]
+        return int(offer.lengths[0]), int(offer.sources[0])
+
+    assert offered() == (8, NGRAM)  # the same prior acceptance: 8 tokens expect more than 4
+    for _ in range(20):  # prompt lookup's first token rejected, the suffix index's four accepted
+        policy.observe_acceptance(np.array([0, 4]), np.array([8, 4]), np.array([NGRAM, SUFFIX]))
+    assert offered() == (4, SUFFIX)
 
 
 def test_prompt_lookup_indexes_what_arrived_since_its_last_lookup():
@@ -225,10 +246,11 @@ def test_a_tiny_suffix_index_evicts_and_fails_no_request(target):
 
 
 def test_a_resting_policy_makes_the_engine_skip_the_offers(target, monkeypatch):
-    # verification costs its width at every row count: after the first choice the policy rests, and
-    # the engine asks the proposer for offers only at the policy's probes; the tokens do not change
+    # verification costs its width at every row count and the offers a fifth of a plain step: after the
+    # first choice the policy rests, and the engine asks the proposer for offers only at the policy's
+    # probes; the tokens do not change
     policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
-    modelled_step_times(monkeypatch, policy, lambda rows, width: 0.010 * width)
+    modelled_step_times(monkeypatch, policy, lambda rows, width: 0.010 * width, t_offer=0.002)
     for rows in range(1, 9):
         for width in range(1, 6):
             for _ in range(3):
