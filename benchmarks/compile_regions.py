@@ -41,7 +41,7 @@ def main() -> None:
         demo = build_demo_models()
         models = {"target": str(demo.target_dir), "draft": str(demo.draft_dir)}
     widths = [int(width) for width in args.widths.split(",")]
-    print("| model | compile | compiled in | graphs | step width | over eager: median (quartiles) |")
+    print("| model | compile | compiled in | graphs | step width | over eager: median (quartiles) |", flush=True)
     print("| --- | --- | ---: | ---: | ---: | --- |")
     for role, folder in models.items():
         if folder is None:

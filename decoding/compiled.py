@@ -85,7 +85,7 @@ class CompileOutcome:
     speedup: float | None = None  # eager over compiled time of a decode step: the kept measurement's median
     graphs: int = 0  # graphs compiled at load
     cached_graphs: int = 0  # of those, the graphs whose code came from inductor's on-disk cache
-    measured_s: float = 0.0  # of `seconds`, measuring the speedup (a model's first compile on a machine)
+    measured_s: float = 0.0  # measuring the speedup (once per model and machine): of `seconds` where at load
     measurement: str = ""  # the kept measurement: its median and spread (compile_speedups.SpeedupMeasurement)
     region: str = ""  # what was compiled: "its LlamaDecoderLayer (run by 30 layers)", "its whole forward"
 

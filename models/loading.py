@@ -281,7 +281,7 @@ def load_pair(
     if compile != "off":
         from specq.decoding.compiled import FirstForwards, compile_model, warm_up_decoding
 
-        def compiled(role: str, model: PreTrainedModel, name: str, first: FirstForwards) -> Any:
+        def compiled_role(role: str, model: PreTrainedModel, name: str, first: FirstForwards) -> Any:
             pair.first_forwards[role] = first
             model, pair.compiled[role] = compile_model(
                 model,  # type: ignore[arg-type]
@@ -294,10 +294,10 @@ def load_pair(
 
         # what a job runs first: the target verifies k + 1 tokens behind a draft model, one alone
         widths = (2,) if draft_model is not None else (1,)
-        pair.target = compiled("target", target_model, target, FirstForwards(first_rows, widths=widths))
+        pair.target = compiled_role("target", target_model, target, FirstForwards(first_rows, widths=widths))
         if draft_model is not None and draft is not None:
             first = FirstForwards(first_rows, last_logits=False, widths=(1,))
-            pair.draft = compiled("draft", draft_model, draft, first)
+            pair.draft = compiled_role("draft", draft_model, draft, first)
         if warm_up and any(outcome.compiled for outcome in pair.compiled.values()):
             pair.warm_up_s = warm_up_decoding(pair.target, pair.draft, tokenizer)
             logger.info("decoded a warm-up through the compiled models in %.1fs", pair.warm_up_s)

@@ -171,7 +171,7 @@ def test_a_load_can_leave_the_measurement_to_after_its_first_tokens(tiny_pair, m
     line = pair.measure_compiled_speedups()  # the tiny draft has the target's config: measured as one
     assert line is not None and "target: a decode step" in line
     kept = recorded_measurement(speedup_key(target, "aot_eager"))
-    assert kept is not None and pair.compiled["target"].speedup == kept.median
+    assert kept is not None and pair.compiled["target"].speedup == pytest.approx(kept.median, abs=1e-3)  # kept rounded
     assert pair.measure_compiled_speedups() is None  # measured once
     again = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None, "on", measure_at_load=False)
     assert again.compiled["target"].speedup == kept.median and again.measure_compiled_speedups() is None
