@@ -16,11 +16,12 @@ whose spread straddles the threshold so decides for eager: the compile is not fr
 the noise is not one to pay a minute for.
 
 A measurement is kept under a key of what decides it: the model's config (its shape, not its weights or
-where it was loaded from), its dtype and device, the compiler backend, the CPU, torch's version, its
-thread count and this module's `PROTOCOL`. It is made once for a key, by the first `--compile on` load
-that finds none, and never again: later loads, `on` and `auto`, read it, so `auto` does not flip with
-the machine's load from one run to the next. A model of another config, a new torch, another machine
-or a changed protocol is measured afresh.
+where it was loaded from), its dtype and device, the compiler backend, what was compiled (the whole
+forward or the decoder layer), the CPU, torch's version, its thread count and this module's
+`PROTOCOL`. It is made once for a key, by the first `--compile on` process that finds none (at load,
+or after its first tokens: decoding/compiled.py), and never again: later loads, `on` and `auto`, read
+it, so `auto` does not flip with the machine's load from one run to the next. A model of another
+config, a new torch, another machine or a changed protocol is measured afresh.
 
 One JSON file in specq's data directory, next to inductor's compiled artefacts. It is replaced whole
 (os.replace), so a reader never sees half of it; two processes recording at once may lose one entry,
@@ -113,8 +114,9 @@ def measure(sides: Sequence[Callable[[], float]], rounds: int = ROUNDS, calls: i
     return SpeedupMeasurement(tuple(ratios))
 
 
-def speedup_key(model: CausalLM, backend: str) -> str:
-    """What a compiled forward's speedup depends on, hashed."""
+def speedup_key(model: CausalLM, backend: str, regions: bool = False) -> str:
+    """What a compiled forward's speedup depends on, hashed; `regions`: its decoder layer compiled
+    (decoding/compiled_regions.py), not its whole forward."""
     parameter = next(model.parameters())
     config = model.config.to_dict()
     for where_from in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
@@ -128,6 +130,8 @@ def speedup_key(model: CausalLM, backend: str) -> str:
         "threads": torch.get_num_threads(),
         "protocol": PROTOCOL,
     }
+    if regions:  # a whole forward's key is as it was, so that its kept measurements still count
+        decides["compiled"] = "decoder layer"
     return hashlib.sha256(json.dumps(decides, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -4,7 +4,10 @@ against its eager forward before it is trusted.
 An eager decode step of a small model is mostly Python and operator dispatch (on a GPU, kernel
 launches), not arithmetic: gpt-fast and vLLM decode through compiled graphs for that reason. Here the
 whole forward is compiled, from the cache columns of a step's tokens to its logits (the attention masks
-and position ids too: decoding/hf_model.py's `ColumnsForward`), with torch's automatic dynamic shapes:
+and position ids too: decoding/hf_model.py's `ColumnsForward`); on a CPU with SPECQ_COMPILE_REGIONS=1,
+the model's repeated decoder layer instead, once for all its layers (decoding/compiled_regions.py: a
+compile of one layer's cost whatever the depth, for a step that gains much less). Either way with
+torch's automatic dynamic shapes:
 a graph is specialised to the shapes it first sees, and a dimension turns symbolic once it has varied
 (the rows as a batch drains, the k + 1 tokens a step verifies, the columns attention reads), so the
 engine's ragged batches reuse a few graphs instead of compiling one per shape, while a dimension that
@@ -36,8 +39,10 @@ them came from the cache.
 `auto` compiles on CUDA (launch-bound eager steps, where the gain is largest); on a CPU, where the gain
 depends on the model and the CPU and the compile costs a minute on a small machine, it follows the
 measurement kept for the model on this machine (decoding/compile_speedups.py: interleaved rounds, a
-rule on their spread). The measurement is made once, by the first `--compile on` load that finds none
-(a job, or `specq bench --compile on`, before anything is timed), and read by every later load.
+rule on their spread). The measurement is made once, by the first `--compile on` process that finds
+none, and read by every later load: `specq bench --compile on` at load, before anything is timed;
+`specq run` once its output is written, and a worker once its chunk is stored, so that a job's first
+tokens never wait for it (`load_pair(measure_at_load=False)`, `ModelPair.measure_compiled_speedups`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ from specq.decoding.compile_speedups import (
     recorded_measurement,
     speedup_key,
 )
-from specq.decoding.hf_model import CausalLM, ColumnsForward, RaggedLM, Tokenizer
+from specq.decoding.compiled_regions import RegionalForward, repeated_layers
+from specq.decoding.hf_model import CausalLM, ColumnsForward, RaggedLM, Tokenizer, eager_forward
 from specq.decoding.static_shapes import is_cuda_graphed, mark_cuda_graphed
 from specq.decoding.types import GenerationRequest, SamplingParams
 from specq.errors import ModelCompileError
@@ -79,8 +85,9 @@ class CompileOutcome:
     speedup: float | None = None  # eager over compiled time of a decode step: the kept measurement's median
     graphs: int = 0  # graphs compiled at load
     cached_graphs: int = 0  # of those, the graphs whose code came from inductor's on-disk cache
-    measured_s: float = 0.0  # of `seconds`, measuring the speedup (a model's first compile on a machine)
+    measured_s: float = 0.0  # measuring the speedup (once per model and machine): of `seconds` where at load
     measurement: str = ""  # the kept measurement: its median and spread (compile_speedups.SpeedupMeasurement)
+    region: str = ""  # what was compiled: "its LlamaDecoderLayer (run by 30 layers)", "its whole forward"
 
     def summary(self) -> str:
         if not self.compiled:
@@ -89,9 +96,10 @@ class CompileOutcome:
         # auto's reason quotes the measurement it followed
         gain = f"; a decode step {self.measurement}" if self.measurement and not self.reason else ""
         why = f"; {self.reason}" if self.reason else ""
+        what = f" {self.region}:" if self.region else ""
         return (
-            f"compiled {self.graphs} graphs in {self.seconds:.1f}s ({self.cached_graphs} from the cache{measured})"
-            f"{gain}{why}"
+            f"compiled{what} {self.graphs} graphs in {self.seconds:.1f}s ({self.cached_graphs} from the cache"
+            f"{measured}){gain}{why}"
         )
 
 
@@ -102,22 +110,30 @@ RECOMPILE_LIMIT = 64
 
 
 def compile_model(
-    model: CausalLM, name: str, mode: CompileMode, backend: Any = None, first: FirstForwards | None = None
+    model: CausalLM,
+    name: str,
+    mode: CompileMode,
+    backend: Any = None,
+    first: FirstForwards | None = None,
+    measure_at_load: bool = True,
 ) -> tuple[Any, CompileOutcome]:
     """`model` compiled (or as it is, when `mode` says so or it cannot be), and what happened; `first`:
     the forwards compiled and checked now (default: a target's, one row, behind a draft model).
 
     `backend`: torch.compile's; None: SPECQ_COMPILE_BACKEND, else inductor (`aot_eager` checks that a
-    model captures without paying for code generation). A compile with a named backend measures the
-    speedup once per model and machine (decoding/compile_speedups.py), for later `auto` loads."""
+    model captures without paying for code generation). A compile with a named backend measures the speedup once
+    per model and machine (decoding/compile_speedups.py), for later `auto` loads: at load with
+    `measure_at_load`, else where the caller says (`measure_compiled_speedup`: after a job's tokens)."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     device = next(model.parameters()).device
     if mode == "off":
         return model, CompileOutcome(False, reason="--compile off")
-    backend = backend or os.environ.get("SPECQ_COMPILE_BACKEND") or "inductor"
+    backend = _backend(backend)
     first = first or FirstForwards()
-    key = speedup_key(model, backend) if isinstance(backend, str) else None
+    regional = device.type != "cuda" and _regions_wanted()
+    layers = repeated_layers(model) if regional else None
+    key = speedup_key(model, backend, regions=layers is not None) if isinstance(backend, str) else None
     kept = recorded_measurement(key) if key is not None else None
     why = ""
     if mode == "auto" and device.type != "cuda":  # auto on a CPU: what was measured here decides
@@ -144,20 +160,21 @@ def compile_model(
     measured_s = 0.0
     try:
         cuda_graphs = device.type == "cuda" and backend == "inductor" and _cuda_graphs_wanted()
-        # the forward from cache columns: its masks and position ids are built inside the graph
-        forward = ColumnsForward(model)
-        compiled = torch.compile(forward, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
+        if layers is not None:  # one decoder layer's graphs, run by every layer (decoding/compiled_regions.py)
+            compiled = RegionalForward(model, layers, backend)
+        else:  # the forward from cache columns: its masks and position ids are built inside the graph
+            compiled = torch.compile(
+                ColumnsForward(model), backend=backend, mode="reduce-overhead" if cuda_graphs else None
+            )
         if cuda_graphs:
             mark_cuda_graphed(compiled)  # before its first forward: every cache it sees must be static
             _allow_a_graph_per_static_shape()
         with torch.inference_mode():  # as the engine decodes: graphs traced otherwise would not serve it
             problem = _check_first_forwards(model, compiled, first)
-            if problem is None and kept is None and key is not None:  # once per model and machine
-                measuring = time.perf_counter()
-                kept = _measure_speedup(model, compiled, first)
-                measured_s = time.perf_counter() - measuring
-                record_measurement(key, name, kept)
-                log.info("%s: a decode step measured %s", name, kept.describe())
+        if problem is None and kept is None and key is not None and measure_at_load:  # once per model and machine
+            measuring = time.perf_counter()
+            kept = measure_compiled_speedup(compiled, name, first, backend)
+            measured_s = time.perf_counter() - measuring
     except Exception as exc:  # the compiler's own errors have no common base class
         problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
     seconds = time.perf_counter() - started
@@ -176,9 +193,47 @@ def compile_model(
         cached_graphs=cached,
         measured_s=measured_s,
         measurement="" if kept is None else kept.describe(),
+        region=_what_compiled(layers),
     )
     log.info("%s: %s", name, outcome.summary())
     return compiled, outcome
+
+
+def measure_compiled_speedup(
+    compiled: Any, name: str, first: FirstForwards, backend: Any = None
+) -> SpeedupMeasurement | None:
+    """Measure the decode steps of `compiled` (what `compile_model` made) against its eager model's and
+    keep the measurement for later `auto` loads; None where one is kept already (a key is measured once)
+    or the backend is not a named one. Outside any timed run: at load, or after a job's tokens."""
+    backend = _backend(backend)
+    if not isinstance(backend, str):
+        return None
+    model = eager_forward(compiled).model
+    key = speedup_key(model, backend, regions=isinstance(compiled, RegionalForward))
+    if recorded_measurement(key) is not None:
+        return None
+    with torch.inference_mode():
+        measurement = _measure_speedup(model, compiled, first)
+    record_measurement(key, name, measurement)
+    log.info("%s: a decode step measured %s", name, measurement.describe())
+    return measurement
+
+
+def _what_compiled(layers: torch.nn.ModuleList | None) -> str:
+    if layers is None:
+        return "its whole forward"
+    return f"its {type(layers[0]).__name__} (run by {len(layers)} layer{'s' * (len(layers) > 1)})"
+
+
+def _backend(backend: Any) -> Any:
+    return backend or os.environ.get("SPECQ_COMPILE_BACKEND") or "inductor"
+
+
+def _regions_wanted() -> bool:
+    """SPECQ_COMPILE_REGIONS=1: on a CPU, the decoder layer compiled once for all layers instead of the
+    whole forward (decoding/compiled_regions.py): a fifth of the compile, and most of the step's gain
+    lost (docs/benchmark-log/2026-12.md, "Start-up, regional compilation"), so not the default."""
+    return os.environ.get("SPECQ_COMPILE_REGIONS", "0") == "1"
 
 
 def _compile_counts() -> tuple[int, int]:

@@ -7,6 +7,7 @@ between jobs is the worker's business, with a cache it can bound.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from specq.decoding.compiled import CompileOutcome
+    from specq.decoding.compiled import CompileOutcome, FirstForwards
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,41 @@ class ModelPair:
     # role ("target", "draft") -> what `--compile` did with it (decoding.compiled); empty with `off`
     compiled: dict[str, CompileOutcome] = field(default_factory=dict)
     warm_up_s: float = 0.0  # decoding requests through the compiled models at load, where asked (decoding.compiled)
+    # role -> the forwards its load compiled and checked (decoding.compiled.FirstForwards), which a later
+    # measurement of its speedup times
+    first_forwards: dict[str, FirstForwards] = field(default_factory=dict)
+
+    def measure_compiled_speedups(self) -> str | None:
+        """Measure each compiled model's decode step against eager where this machine keeps no measurement
+        for it (decoding/compile_speedups.py: once per model and machine, for later `auto` loads): for a
+        caller whose load did not (`load_pair(measure_at_load=False)`), after its first tokens. The line
+        saying what was measured, or None where nothing was."""
+        from dataclasses import replace
+
+        from specq.decoding.compiled import measure_compiled_speedup
+
+        models = {"target": self.target, "draft": self.draft}
+        names = {"target": self.target_name, "draft": self.draft_name}
+        measured = []
+        for role, outcome in self.compiled.items():
+            if not outcome.compiled or outcome.speedup is not None or role not in self.first_forwards:
+                continue
+            started = time.perf_counter()
+            try:
+                measurement = measure_compiled_speedup(models[role], names[role] or role, self.first_forwards[role])
+            except Exception as exc:  # the run is done: a failed measurement costs the record, not the run
+                logger.warning("cannot measure the compiled %s: %s", role, reason(exc))
+                continue
+            if measurement is None:
+                continue
+            seconds = time.perf_counter() - started
+            self.compiled[role] = replace(
+                outcome, speedup=measurement.median, measured_s=seconds, measurement=measurement.describe()
+            )
+            measured.append(f"{role}: a decode step {measurement.describe()} ({seconds:.1f}s)")
+        if not measured:
+            return None
+        return "--compile: measured for later --compile auto loads, " + "; ".join(measured)
 
     def compile_report(self) -> dict[str, Any] | None:
         """What `--compile` did with each model (role -> its name, whether it runs compiled, the seconds
@@ -213,6 +249,7 @@ def load_pair(
     compile: str = "off",
     warm_up: bool = False,
     first_rows: int = 1,
+    measure_at_load: bool = True,
 ) -> ModelPair:
     """Load the target, the draft and the target's tokenizer; fail early if they do not fit together.
 
@@ -221,7 +258,10 @@ def load_pair(
     forwards compiled as decoding.compiled says (ModelCompileError with `on` where one cannot be): what
     every job runs first at load, the rest when a job first takes it; `warm_up`: every kind of graph a
     job may take at load instead, for a caller that times its first steps; `first_rows`: the rows of a
-    job's first forwards (its batch size, or fewer requests), where the caller knows them.
+    job's first forwards (its batch size, or fewer requests), where the caller knows them;
+    `measure_at_load`: a compiled model's speedup, where this machine has none kept for it, is measured
+    at load (for a benchmark, before its clock), else by the caller after its first tokens
+    (`ModelPair.measure_compiled_speedups`).
     """
     from specq.decoding.draft_head import is_head_folder, load_head
 
@@ -255,12 +295,23 @@ def load_pair(
     if compile != "off" and not head:
         from specq.decoding.compiled import FirstForwards, compile_model, warm_up_decoding
 
+        def compiled_role(role: str, model: PreTrainedModel, name: str, first: FirstForwards) -> Any:
+            pair.first_forwards[role] = first
+            model, pair.compiled[role] = compile_model(
+                model,  # type: ignore[arg-type]
+                name,
+                compile,  # type: ignore[arg-type]
+                first=first,
+                measure_at_load=measure_at_load,
+            )
+            return model
+
         # what a job runs first: the target verifies k + 1 tokens behind a draft model, one alone
-        first = FirstForwards(first_rows, last_logits=True, widths=(2,) if draft_model is not None else (1,))
-        pair.target, pair.compiled["target"] = compile_model(target_model, target, compile, first=first)  # type: ignore[arg-type]
+        widths = (2,) if draft_model is not None else (1,)
+        pair.target = compiled_role("target", target_model, target, FirstForwards(first_rows, widths=widths))
         if draft_model is not None and draft is not None:
             first = FirstForwards(first_rows, last_logits=False, widths=(1,))
-            pair.draft, pair.compiled["draft"] = compile_model(draft_model, draft, compile, first=first)  # type: ignore[arg-type]
+            pair.draft = compiled_role("draft", draft_model, draft, first)
         if warm_up and any(outcome.compiled for outcome in pair.compiled.values()):
             pair.warm_up_s = warm_up_decoding(pair.target, pair.draft, tokenizer)
             logger.info("decoded a warm-up through the compiled models in %.1fs", pair.warm_up_s)

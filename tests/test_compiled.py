@@ -124,6 +124,59 @@ def test_the_warm_up_compiles_every_graph_a_job_then_takes(compiled_pair) -> Non
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_a_decoder_layer_is_traced_once_whatever_the_depth(monkeypatch) -> None:
+    """With SPECQ_COMPILE_REGIONS=1 the repeated decoder layer is compiled on a CPU, not the whole forward
+    (decoding/compiled_regions.py): a three-layer model traces what a one-layer model of its width traces,
+    and decodes what eager decodes; the whole forward (the default) traces every layer."""
+    from torch._dynamo.utils import counters
+
+    from specq.decoding.compiled_regions import RegionalForward
+
+    def traced(model, name: str) -> tuple[int, object]:
+        before = counters["stats"]["calls_captured"]
+        compiled, outcome = compile_model(model, name, "on", backend="aot_eager", measure_at_load=False)
+        assert outcome.compiled and outcome.graphs >= 1
+        return counters["stats"]["calls_captured"] - before, compiled
+
+    monkeypatch.setenv("SPECQ_COMPILE_REGIONS", "1")
+    # each of a width no other model here has: a layer of a width compiled before reuses its graphs
+    shallow, _ = traced(tiny_llama(vocab=64, layers=1, hidden=56, seed=5), "shallow")
+    model = tiny_llama(vocab=64, layers=3, hidden=48, seed=5)
+    deep, compiled = traced(model, "deep")
+    assert isinstance(compiled, RegionalForward) and deep == shallow > 0
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    assert decode(compiled, None, greedy) == {i: reference_greedy(model, p, 10) for i, p in enumerate(PROMPTS)}
+
+    monkeypatch.delenv("SPECQ_COMPILE_REGIONS")  # the default: the whole forward
+    # after a first compile: the whole forward's sizes that varied (the widths too) are symbolic in the next
+    traced(tiny_llama(vocab=64, layers=1, hidden=16, seed=5), "whole first")
+    whole_shallow, _ = traced(tiny_llama(vocab=64, layers=1, hidden=24, seed=5), "whole shallow")
+    whole_deep, compiled = traced(tiny_llama(vocab=64, layers=3, hidden=64, seed=5), "whole deep")
+    assert not isinstance(compiled, RegionalForward) and whole_deep > whole_shallow
+
+
+def test_a_load_can_leave_the_measurement_to_after_its_first_tokens(tiny_pair, monkeypatch) -> None:
+    """`specq run` and the worker load without measuring the speedup (`measure_at_load=False`) and measure
+    it after their tokens: once per model and machine, then kept for `auto`, which follows it."""
+    from specq.decoding.compile_speedups import recorded_measurement, speedup_key
+    from specq.decoding.hf_model import eager_forward
+    from specq.models.loading import load_pair
+
+    monkeypatch.setenv("SPECQ_COMPILE_BACKEND", "aot_eager")
+    pair = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None, "on", measure_at_load=False)
+    target = eager_forward(pair.target).model
+    assert pair.compiled["target"].speedup is None
+    assert recorded_measurement(speedup_key(target, "aot_eager")) is None
+    assert "measuring" not in (pair.compile_line() or "")
+    line = pair.measure_compiled_speedups()  # the tiny draft has the target's config: measured as one
+    assert line is not None and "target: a decode step" in line
+    kept = recorded_measurement(speedup_key(target, "aot_eager"))
+    assert kept is not None and pair.compiled["target"].speedup == pytest.approx(kept.median, abs=1e-3)  # kept rounded
+    assert pair.measure_compiled_speedups() is None  # measured once
+    again = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None, "on", measure_at_load=False)
+    assert again.compiled["target"].speedup == kept.median and again.measure_compiled_speedups() is None
+
+
 def _measured(*ratios: float):
     from specq.decoding.compile_speedups import SpeedupMeasurement
 

@@ -537,6 +537,13 @@ def _run_claimed(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest], ch
         _set_worker(ctx, WorkerState.IDLE, None, None)
     ctx.started.difference_update(c.id for c in claimed)  # stored, or cancelled or given back below
     settled = _settle(ctx, chunk, unfinished, writer.cancelled)
+    measured = ctx.models.measure_compiled_speedups()  # once per model and machine, the chunk stored first
+    if measured is not None:
+        pair, line = measured
+        log.info("%s", line)
+        if ctx.metrics is not None:
+            ctx.metrics.set_compiled(writer.model, ctx.config.device, pair.compiled, pair.warm_up_s)
+        _record_compiled(ctx, pair.compile_report())
     if ctx.metrics is not None:
         ctx.metrics.chunk_duration.labels(writer.model, ctx.config.device).observe(time.monotonic() - started)
     return {"claimed": len(claimed), "written": writer.written, **settled}

@@ -43,9 +43,21 @@ class ModelCache:
                 old_key, _ = self._pairs.popitem(last=False)
                 log.info("unloading %s / %s from %s", old_key[0], old_key[1], old_key[3])
                 _free_memory(device)
-            pair = load_pair(target, draft, device=device, dtype=dtype, compile=compile)
+            # measured after a chunk (measure_compiled_speedups): a job's first tokens wait for no measurement
+            pair = load_pair(target, draft, device=device, dtype=dtype, compile=compile, measure_at_load=False)
             self._pairs[key] = pair
             return pair
+
+    def measure_compiled_speedups(self) -> tuple[ModelPair, str] | None:
+        """The pair used last and what measuring its compiled models found, where this machine keeps no
+        speedup for them (ModelPair.measure_compiled_speedups); None where nothing was measured. For
+        after a chunk's results are stored."""
+        with self._lock:
+            if not self._pairs:
+                return None
+            pair = next(reversed(self._pairs.values()))
+            line = pair.measure_compiled_speedups()
+        return None if line is None else (pair, line)
 
     def __len__(self) -> int:
         return len(self._pairs)
