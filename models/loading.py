@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from specq.errors import ModelLoadError, reason
+from specq.errors import ModelCompileError, ModelLoadError, reason
 from specq.models import gguf
 from specq.models.families import attention_implementation, why_unsupported
 
@@ -291,7 +291,12 @@ def load_pair(
             )
     pair = ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
     # a head reads the target's hidden states through a hook on its LM head, which a compiled forward
-    # would trace away: the pair runs eagerly
+    # would trace away: the pair runs eagerly (`auto` so decides; `on` asked for what cannot be)
+    if compile == "on" and head:
+        raise ModelCompileError(
+            f"--compile on: the target {target!r} cannot be compiled beside the draft head {draft!r} "
+            "(the head reads its hidden states); use --compile auto or off"
+        )
     if compile != "off" and not head:
         from specq.decoding.compiled import FirstForwards, compile_model, warm_up_decoding
 

@@ -177,6 +177,21 @@ def test_a_broken_head_folder_is_refused_in_one_line(tiny_pair, head_dir, tmp_pa
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_compile_on_with_a_head_is_refused_in_one_line_and_auto_runs_eagerly(tiny_pair, head_dir, tmp_path):
+    """The head reads the target's hidden states through a hook that a compiled forward would trace away:
+    `on` asked for what cannot be (exit 2, as for any model that cannot compile); `auto` decodes eagerly."""
+    target, _ = tiny_pair
+    folder, _ = head_dir
+    requests = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def add(a, b):", "temperature": 0}])
+    common = ["run", requests, "--target", target, "--draft", str(folder), "--max-tokens", "8", "--device", "cpu"]
+    refused = invoke([*common, "-o", str(tmp_path / "on.jsonl"), "--compile", "on"])
+    assert refused.exit_code == 2, refused.output
+    assert "cannot be compiled beside the draft head" in refused.stderr
+    assert not (tmp_path / "on.jsonl").exists()
+    eager = invoke([*common, "-o", str(tmp_path / "auto.jsonl"), "--compile", "auto"])
+    assert eager.exit_code == 0, eager.output
+
+
 def test_a_head_trains_at_its_own_learning_rate_unless_one_is_given():
     from specq.distill.settings import DistillSettings
 
