@@ -22,6 +22,11 @@ step after admission verifies without drafting: the prefill runs in groups of ro
 their last positions' logits, so the proposer takes the state from that first step instead (one
 plain step per request).
 
+Beside prompt lookup or the suffix index (`--draft HEAD_DIR --model-free ngram|suffix`) the head is the
+model part of the hybrid (decoding/model_free.py), in a draft model's place: its steps are priced as a
+draft model's forwards, it drafts only the rows the step's plan gives it, and rows that take a lookup
+leave it nothing to roll back, as it keeps no cache along its drafts.
+
 Lossless as any proposer: greedy rows accept what the target would have said, sampled rows are
 verified by modified rejection sampling against the head's probabilities (decoding/rejection.py).
 """
@@ -230,6 +235,10 @@ class DraftHeadProposer:
             probs.append(position_probs)
         draft_probs = torch.stack(probs, dim=1) if probs else None  # [rows, k, V]
         return torch.stack(token_ids, dim=1), draft_probs
+
+    def forget_drafts(self, rows_t: torch.Tensor, seq_lens: torch.Tensor, seq_h: np.ndarray, rows: np.ndarray) -> None:
+        """Rows that take another proposer's tokens this step (the hybrid: decoding/model_free.py): nothing
+        to forget, as the head keeps no cache along its drafts and its next state is the verify's."""
 
     def advance(self, batch: BatchState, output_ids: np.ndarray, emitted: np.ndarray) -> None:
         hidden = self.tap.take()  # [rows, k + 1, H] of the verify, None after the prefill's first tokens
