@@ -154,6 +154,7 @@ class SpeculativeEngine:
         draft: DraftModelProposer | DraftHeadProposer | None = self._draft_proposer
         if head is not None:
             draft = DraftHeadProposer(head, self.target, depth, self.vocab_size)
+            self.target_lm.hidden_tap = draft.tap  # a row's first state: its prefill's last hidden state
         if model_free is None:
             return draft
         looked_up = ModelFreeProposer(self.max_k, self.vocab_size, self.suffix_index, policy=self.policy)

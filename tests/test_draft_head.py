@@ -110,7 +110,7 @@ def _lossless_head() -> tuple[Any, DraftHead]:
 @pytest.mark.parametrize("sampling", ["exact", "reproducible"])
 def test_sampled_tokens_follow_the_target(sampling):
     target, head = _lossless_head()
-    # 6 tokens: a row's first step verifies without drafting (the head takes its state from it)
+    # 6 tokens: more than the first step verifies
     sampled = _sampled_joint(target, head, 1.0, sampling=sampling, max_tokens=6)
     assert _pvalue(sampled, _exact_joint(target, 1.0)) > 1e-3
 
@@ -119,7 +119,7 @@ def test_sampled_tokens_follow_the_target(sampling):
     ("sampling", "model_free"), [("exact", "ngram"), ("exact", "suffix"), ("reproducible", "ngram")]
 )
 def test_sampled_tokens_of_the_head_beside_lookups_follow_the_target(sampling, model_free):
-    # REPEATING makes prompt lookup propose at the first step, where the head cannot yet (see above)
+    # REPEATING makes prompt lookup propose, beside the head
     target, head = _lossless_head()
     sampled = _sampled_joint(
         target, head, 1.0, sampling=sampling, model_free=model_free, prompt=REPEATING, max_tokens=6
@@ -219,3 +219,17 @@ def test_a_head_trains_at_its_own_learning_rate_unless_one_is_given():
     assert DistillSettings(target="t", data="d").peak_learning_rate == 3e-3  # the head is the default
     assert DistillSettings(target="t", data="d", proposer="model").peak_learning_rate == 1e-3
     assert DistillSettings(target="t", data="d", proposer="head", learning_rate=5e-4).peak_learning_rate == 5e-4
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_a_row_drafts_from_its_first_step_on_its_prefills_state(heads, batch_size):
+    # 3 tokens: the prefill's, then one step that may draft 1 (the row's last token needs none); without
+    # the prefill's state that step would verify without drafting. Prompts of several lengths: the
+    # prefill runs in groups, each picking its rows' last positions
+    target, heldout, by_name = heads
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    prompts = heldout[:8]
+    alone, _ = _decode(target, None, prompts, batch_size, params)
+    with_head, stats = _decode(target, by_name["trained"], prompts, batch_size, params, fixed_k=True)
+    assert with_head == alone
+    assert stats.num_draft_tokens == len(prompts)
