@@ -581,9 +581,12 @@ def measure_pair_roofline(pair, progress: Callable[[str], None]) -> tuple[float,
     """(memory bandwidth in bytes per second, roofline) of the pair's models (bench/roofline.py). Run after
     the benchmark, so that compiled models have their batch-1 graphs from the runs at B = 1."""
     from specq.bench.roofline import measure_roofline
+    from specq.decoding.draft_head import DraftHead
 
     progress("roofline: memory bandwidth, and one batch-1 decode forward of each model")
-    models = {role: model for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
+    # a draft head is no model of its own: it runs no decode forward, and its tables are the target's
+    drafts = [] if isinstance(pair.draft, DraftHead) else [("draft", pair.draft)]
+    models = {role: model for role, model in (("target", pair.target), *drafts) if model is not None}
     bandwidth, roofline = measure_roofline(models)
     for row in roofline["models"]:  # what compiling each model cost at load and the speedup it measured
         outcome = pair.compiled.get(row["model"])

@@ -18,9 +18,16 @@ The target's final hidden states are read by a forward pre-hook on its LM head (
 installed only on a target that a head drafts for: the verify pass computes them anyway, so reading
 them costs nothing, and target-only decoding and the other proposers run exactly as before. After
 each verify the row's new state is the hidden state at its last accepted position. A row's first
-step after admission verifies without drafting: the prefill runs in groups of rows that keep only
-their last positions' logits, so the proposer takes the state from that first step instead (one
-plain step per request).
+state is its prefill's at the prompt's last position (the one whose logits gave its first token),
+which the prefill picks per group of rows as it picks those logits (`RaggedLM.prefill_rows`), so a
+row drafts from its first step. Where the prefill gives none (a target that cannot return the last
+position's logits alone, or rows sharing a prompt, prefilled once for all of them) the row's first
+step verifies without drafting and the proposer takes the state from it.
+
+Beside prompt lookup or the suffix index (`--draft HEAD_DIR --model-free ngram|suffix`) the head is the
+model part of the hybrid (decoding/model_free.py), in a draft model's place: its steps are priced as a
+draft model's forwards, it drafts only the rows the step's plan gives it, and rows that take a lookup
+leave it nothing to roll back, as it keeps no cache along its drafts.
 
 Lossless as any proposer: greedy rows accept what the target would have said, sampled rows are
 verified by modified rejection sampling against the head's probabilities (decoding/rejection.py).
@@ -189,11 +196,18 @@ class DraftHeadProposer:
         hidden = head.config.hidden_size
         parameter = next(head.parameters())
         self.states = parameter.new_zeros(0, hidden)  # [rows, H] the state that produced each row's newest token
-        self.ready = np.zeros(0, bool)  # [rows] whether `states` holds it (not before a row's first step)
+        self.ready = np.zeros(0, bool)  # [rows] whether `states` holds it
+        self.prefilled = np.zeros(0, bool)  # [rows] admitted with the prefill's state, their first token not appended
 
     def admit(self, batch: BatchState, admission: Admission, stats: EngineStats) -> None:
-        self.ready[admission.rows] = False
-        self.tap.take()  # the prefill's hidden states: not a step's (see the module's docstring)
+        hidden = self.tap.take()  # [n, 1, H]: the prefill's at each prompt's last position, or None
+        rows = admission.rows
+        taken = hidden is not None and hidden.shape[0] == rows.size
+        if taken:
+            assert hidden is not None
+            self.states[admission.rows_t.to(self.states.device)] = hidden[:, 0].to(self.states.dtype)
+        self.ready[rows] = False
+        self.prefilled[rows] = taken
 
     def offer(self, batch: BatchState, live: np.ndarray, limits: np.ndarray) -> Offer:
         lengths = np.zeros(batch.rows, np.int64)
@@ -231,14 +245,20 @@ class DraftHeadProposer:
         draft_probs = torch.stack(probs, dim=1) if probs else None  # [rows, k, V]
         return torch.stack(token_ids, dim=1), draft_probs
 
+    def forget_drafts(self, rows_t: torch.Tensor, seq_lens: torch.Tensor, seq_h: np.ndarray, rows: np.ndarray) -> None:
+        """Rows that take another proposer's tokens this step (the hybrid: decoding/model_free.py): nothing
+        to forget, as the head keeps no cache along its drafts and its next state is the verify's."""
+
     def advance(self, batch: BatchState, output_ids: np.ndarray, emitted: np.ndarray) -> None:
         hidden = self.tap.take()  # [rows, k + 1, H] of the verify, None after the prefill's first tokens
         rows = np.flatnonzero(emitted)
         if rows.size == 0:
             return
         if hidden is None or hidden.shape[0] != batch.rows:
-            self.ready[rows] = False
+            self.ready[rows] = self.prefilled[rows]  # a first token: from the state `admit` took, if any
+            self.prefilled[rows] = False
             return
+        self.prefilled[rows] = False
         rows_t = torch.from_numpy(rows).to(self.states.device)
         # the position that produced the row's newest token: after its accepted draft tokens
         at = torch.from_numpy(emitted[rows] - 1).to(self.states.device)
@@ -246,12 +266,14 @@ class DraftHeadProposer:
         self.ready[rows] = True
 
     def release(self, rows: list[int], rows_t: torch.Tensor) -> None:
-        self.ready[rows] = False
+        self.ready[rows] = self.prefilled[rows] = False
 
     def resize(self, rows: int, capacity: int, keep: np.ndarray | None) -> None:
         kept_states = self.states if keep is None else self.states[torch.as_tensor(keep, device=self.states.device)]
         kept_ready = self.ready if keep is None else self.ready[keep]
-        kept_states, kept_ready = kept_states[:rows], kept_ready[:rows]
+        kept_prefilled = self.prefilled if keep is None else self.prefilled[keep]
+        kept_states, kept_ready, kept_prefilled = kept_states[:rows], kept_ready[:rows], kept_prefilled[:rows]
         add = rows - kept_ready.size
         self.states = torch.cat([kept_states, kept_states.new_zeros(add, kept_states.shape[1])])
         self.ready = np.concatenate([kept_ready, np.zeros(add, bool)])
+        self.prefilled = np.concatenate([kept_prefilled, np.zeros(add, bool)])

@@ -121,8 +121,6 @@ class SpeculativeEngine:
         if draft_lm is not None and draft_lm.device != self.device:
             raise ValueError("target and draft must be on the same device")
         model_free = self.config.model_free if self.config.num_speculative_tokens else None
-        if head is not None and model_free is not None:
-            raise ValueError("a draft head proposes alone: it does not mix with prompt lookup or the suffix index")
         speculates = draft_lm is not None or model_free is not None or head is not None
         self.max_k = self.config.num_speculative_tokens if speculates else 0
         lms = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
@@ -140,21 +138,23 @@ class SpeculativeEngine:
         if model_free == "suffix" and suffix_index is None:
             suffix_index = SuffixIndex()
         self.suffix_index = suffix_index if model_free == "suffix" else None
-        self.proposer = self._proposer(draft_lm, model_free)
-        if head is not None:
-            self.proposer = DraftHeadProposer(head, target, self.config.draft_model_depth, self.vocab_size)
+        self.proposer = self._proposer(draft_lm, head, model_free)
         self.stats = EngineStats.for_k(self.max_k)
         self.idle_rows = IdleRows(self.config.batch_size, self.device)
         # the models a refill prefills: the target, and a draft model at its next proposal
         self._prefilling = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
 
-    def _proposer(self, draft_lm: RaggedLM | None, model_free: str | None) -> Proposer | None:
-        draft = (
+    def _proposer(self, draft_lm: RaggedLM | None, head: DraftHead | None, model_free: str | None) -> Proposer | None:
+        depth = self.config.draft_model_depth
+        self._draft_proposer = (
             None
             if draft_lm is None
-            else DraftModelProposer(draft_lm, self.config.draft_model_depth, self.vocab_size, self.target_lm.vocab_size)
+            else DraftModelProposer(draft_lm, depth, self.vocab_size, self.target_lm.vocab_size)
         )
-        self._draft_proposer = draft
+        draft: DraftModelProposer | DraftHeadProposer | None = self._draft_proposer
+        if head is not None:
+            draft = DraftHeadProposer(head, self.target, depth, self.vocab_size)
+            self.target_lm.hidden_tap = draft.tap  # a row's first state: its prefill's last hidden state
         if model_free is None:
             return draft
         looked_up = ModelFreeProposer(self.max_k, self.vocab_size, self.suffix_index, policy=self.policy)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ import torch
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.prefill_groups import PrefillCost, length_groups
 from specq.decoding.static_shapes import is_cuda_graphed
+
+if TYPE_CHECKING:
+    from specq.decoding.draft_head import HiddenTap
 
 LAST_ONLY = 1  # `keep` of a prefill whose logits nobody reads: the last position only
 
@@ -170,6 +173,9 @@ class RaggedLM:
         self.max_context: int = eager.max_context
         self.keeps_logits: bool = eager.keeps_logits
         self.prefill_cost = PrefillCost(self.device)
+        # the tap a draft head reads the model's final hidden states by (decoding/draft_head.py): after
+        # `prefill_rows` it holds those of each row's last position, as its logits are returned
+        self.hidden_tap: HiddenTap | None = None
 
     def new_cache(self, rows: int, capacity: int) -> RaggedKVCache:
         return RaggedKVCache(self.num_layers, rows, capacity, static=self.static)
@@ -221,6 +227,8 @@ class RaggedLM:
         ([n, vocab_size], with `last_logits`; else None) and the forwards run."""
         groups = length_groups(lengths, self.prefill_cost.overhead_tokens())
         picked: list[torch.Tensor] = []
+        tap = self.hidden_tap if last_logits else None
+        picked_hidden: list[torch.Tensor] = []
         for group in groups:
             width = int(lengths[group].max())
             group_t = torch.from_numpy(group).to(self.device)  # [g]
@@ -238,14 +246,17 @@ class RaggedLM:
                     starts=group_starts,
                 )  # [g, u or width, V]
             if keep is not None:
-                # a model that cannot keep chosen positions returned them all
-                at = np.searchsorted(keep, last) if logits.shape[1] == len(keep) else last
-                picked.append(
-                    logits[torch.arange(len(group), device=self.device), torch.from_numpy(at).to(self.device)]
-                )
+                picked.append(_at_last(logits, keep, last))
+                hidden = None if tap is None else tap.take()  # [g, u or width, H]
+                if hidden is not None:
+                    picked_hidden.append(_at_last(hidden, keep, last))
+        if self.hidden_tap is not None:  # [n, 1, H] in `rows` order, or None: no prefill's state to read
+            self.hidden_tap.latest = None
         if not last_logits:
             return None, len(groups)
         order = torch.from_numpy(np.argsort(np.concatenate(groups))).to(self.device)  # [n] back to `rows` order
+        if self.hidden_tap is not None and len(picked_hidden) == len(groups):
+            self.hidden_tap.latest = torch.cat(picked_hidden)[order].unsqueeze(1)
         return torch.cat(picked)[order], len(groups)
 
     def step(
@@ -278,6 +289,13 @@ class RaggedLM:
         if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0
             logits = torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits
+
+
+def _at_last(outputs: torch.Tensor, keep: np.ndarray, last: np.ndarray) -> torch.Tensor:
+    """Each row's output [g, ...] at its last position `last` [g], from a prefill's `outputs` [g, u or T, ...]
+    at the positions `keep` [u] (sorted) it kept: a model that cannot keep chosen positions returned them all."""
+    at = np.searchsorted(keep, last) if outputs.shape[1] == len(keep) else last
+    return outputs[torch.arange(len(last), device=outputs.device), torch.from_numpy(at).to(outputs.device)]
 
 
 def attention_types(model: CausalLM) -> list[str]:

@@ -51,6 +51,7 @@ from specq.decoding.stats import DRAFT_MODEL, NGRAM, SUFFIX
 
 if TYPE_CHECKING:
     from specq.decoding.batch import Admission, BatchState
+    from specq.decoding.draft_head import DraftHeadProposer
     from specq.decoding.draft_model import DraftModelProposer
     from specq.decoding.k_policy import SpeculationPolicy
     from specq.decoding.stats import EngineStats
@@ -180,9 +181,12 @@ class ModelFreeProposer:
 
 
 class HybridProposer:
-    """Implements `Proposer` with a draft model and a model-free proposer, row by row."""
+    """Implements `Proposer` with a draft model (or a draft head: decoding/draft_head.py) and a model-free
+    proposer, row by row."""
 
-    def __init__(self, draft: DraftModelProposer, model_free: ModelFreeProposer, policy: SpeculationPolicy) -> None:
+    def __init__(
+        self, draft: DraftModelProposer | DraftHeadProposer, model_free: ModelFreeProposer, policy: SpeculationPolicy
+    ) -> None:
         self.draft, self.model_free, self.policy = draft, model_free, policy
         self.max_k = model_free.max_k  # K: a looked-up row may verify deeper than the draft model goes
         self._sources = np.zeros(0, np.int64)  # [rows], the last offer's

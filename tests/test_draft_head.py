@@ -14,13 +14,16 @@ import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.draft_head import HEAD_CONFIG, HEAD_WEIGHTS, DraftHead, load_head
+from specq.decoding.k_policy import SpeculationPolicy
 from specq.distill.head import HeadTrainer, coverage, new_head, target_states
 from specq.distill.settings import Budget
 from specq.errors import ModelLoadError
 from specq.models.loading import load_pair
+from tests.policy_timing import modelled_step_times
 from tests.services import invoke, write_requests
 from tests.test_distill import GREEDY, _prompt_lines, tiny_target_data
 from tests.test_lossless import PROMPT, _exact_joint, _pvalue, _sampled_joint, lossless_pair
+from tests.test_model_free import REPEATING, _repetitive_prompts
 from tests.tiny_models import IdTokenizer
 
 # acceptance (K = 4, greedy, held-out prompts) a trained head must gain over an untrained one. Measured:
@@ -72,6 +75,26 @@ def test_a_trained_head_beats_an_untrained_one_by_the_margin(heads):
     assert acceptance["trained"] >= acceptance["untrained"] + MARGIN, acceptance
 
 
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("model_free", ["ngram", "suffix"])
+def test_greedy_output_of_the_head_beside_lookups_is_the_targets(heads, model_free, batch_size, monkeypatch):
+    # the hybrid (decoding/model_free.py) with the head as its model part, looking up every step, its k and
+    # each row's proposer following modelled step times (a verify 10 ms whatever its width, a head step 1 ms)
+    monkeypatch.setattr(SpeculationPolicy, "lookups_pay", lambda self, rows: True)
+    target, heldout, by_name = heads
+    prompts = [*map(tuple, _repetitive_prompts()), *heldout]
+    config = DecodingConfig(num_speculative_tokens=4, batch_size=batch_size, model_free=model_free, strict=True)
+    engine = SpeculativeEngine(target, IdTokenizer(), by_name["trained"], config)
+    modelled_step_times(monkeypatch, engine.policy, lambda rows, width: 0.010, t_draft_forward=0.001)
+    requests = [GenerationRequest(i, p, GREEDY) for i, p in enumerate(prompts)]
+    results = {r.key: r.token_ids for r in engine.generate(requests)}
+    alone, _ = _decode(target, None, prompts, batch_size)
+    assert results == alone
+    by_proposer = engine.stats.by_proposer
+    assert by_proposer["draft"]["draft_tokens"] > 0  # the head drafted, and rows took lookups too
+    assert by_proposer["ngram"]["draft_tokens"] + by_proposer["suffix"]["draft_tokens"] > 0
+
+
 def _lossless_head() -> tuple[Any, DraftHead]:
     """lossless_pair's target and a head on it that proposes from all but two of its tokens, its step
     random (not the untrained head's copy of x1's state), so its proposals differ from the target's."""
@@ -87,9 +110,21 @@ def _lossless_head() -> tuple[Any, DraftHead]:
 @pytest.mark.parametrize("sampling", ["exact", "reproducible"])
 def test_sampled_tokens_follow_the_target(sampling):
     target, head = _lossless_head()
-    # 6 tokens: a row's first step verifies without drafting (the head takes its state from it)
+    # 6 tokens: more than the first step verifies
     sampled = _sampled_joint(target, head, 1.0, sampling=sampling, max_tokens=6)
     assert _pvalue(sampled, _exact_joint(target, 1.0)) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("sampling", "model_free"), [("exact", "ngram"), ("exact", "suffix"), ("reproducible", "ngram")]
+)
+def test_sampled_tokens_of_the_head_beside_lookups_follow_the_target(sampling, model_free):
+    # REPEATING makes prompt lookup propose, beside the head
+    target, head = _lossless_head()
+    sampled = _sampled_joint(
+        target, head, 1.0, sampling=sampling, model_free=model_free, prompt=REPEATING, max_tokens=6
+    )
+    assert _pvalue(sampled, _exact_joint(target, 1.0, prompt=REPEATING)) > 1e-3
 
 
 def test_seeded_reproducible_tokens_are_target_only_tokens():
@@ -199,3 +234,17 @@ def test_a_head_trains_at_its_own_learning_rate_unless_one_is_given():
     assert DistillSettings(target="t", data="d").peak_learning_rate == 3e-3  # the head is the default
     assert DistillSettings(target="t", data="d", proposer="model").peak_learning_rate == 1e-3
     assert DistillSettings(target="t", data="d", proposer="head", learning_rate=5e-4).peak_learning_rate == 5e-4
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_a_row_drafts_from_its_first_step_on_its_prefills_state(heads, batch_size):
+    # 3 tokens: the prefill's, then one step that may draft 1 (the row's last token needs none); without
+    # the prefill's state that step would verify without drafting. Prompts of several lengths: the
+    # prefill runs in groups, each picking its rows' last positions
+    target, heldout, by_name = heads
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    prompts = heldout[:8]
+    alone, _ = _decode(target, None, prompts, batch_size, params)
+    with_head, stats = _decode(target, by_name["trained"], prompts, batch_size, params, fixed_k=True)
+    assert with_head == alone
+    assert stats.num_draft_tokens == len(prompts)
