@@ -51,7 +51,7 @@ from specq.decoding.draft_model import DraftModelProposer
 from specq.decoding.draft_plan import plan_drafts
 from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer, eos_token_ids, start_token_id
 from specq.decoding.idle_rows import IdleRows
-from specq.decoding.intake import RequestIntake
+from specq.decoding.intake import Lookahead, RequestIntake
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.model_free import HybridProposer, ModelFreeProposer
@@ -145,6 +145,7 @@ class SpeculativeEngine:
             self.proposer = DraftHeadProposer(head, target, self.config.draft_model_depth, self.vocab_size)
         self.stats = EngineStats.for_k(self.max_k)
         self.idle_rows = IdleRows(self.config.batch_size, self.device)
+        self._draining = False  # no request waits for a row: the batch ends with its slowest row
         # the models a refill prefills: the target, and a draft model at its next proposal
         self._prefilling = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
 
@@ -166,8 +167,8 @@ class SpeculativeEngine:
     # -- the request loop ---------------------------------------------------------------------------
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         started = time.perf_counter()
-        waiting = iter(requests)
-        exhausted = False
+        waiting = Lookahead(iter(requests))
+        exhausted = self._draining = False
         try:
             with torch.inference_mode(), ExitStack() as caches:
                 batch = BatchState(
@@ -182,6 +183,8 @@ class SpeculativeEngine:
                         self.idle_rows.refilled()
                         free = self.config.batch_size - batch.num_live()
                         admitted, failures, exhausted = self.intake.take(waiting, free)
+                        exhausted = exhausted or waiting.exhausted()
+                        self._draining = exhausted
                         yield from failures
                         if admitted:
                             yield from self._admit(batch, admitted)
@@ -247,7 +250,7 @@ class SpeculativeEngine:
         watch = Stopwatch(self.device)  # from the offers on: a model-free proposer's lookups are part of a step
         live = batch.live_rows()
         batch.held_prompts.forget_idle(live)
-        plan = plan_drafts(batch, live, self.proposer, self.policy, self.max_context)
+        plan = plan_drafts(batch, live, self.proposer, self.policy, self.max_context, draining=self._draining)
         k, num_draft_h = plan.k, plan.num_draft
         # uploaded before any work of the step is queued, so the copy waits for nothing
         num_draft = torch.from_numpy(num_draft_h).to(self.device) if k else None  # [rows]
