@@ -37,7 +37,7 @@ propose, verify, accept or advance syncs. Log-probabilities, where asked for, ar
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -51,7 +51,7 @@ from specq.decoding.draft_model import DraftModelProposer
 from specq.decoding.draft_plan import plan_drafts
 from specq.decoding.hf_model import CausalLM, RaggedLM, Tokenizer, eos_token_ids, start_token_id
 from specq.decoding.idle_rows import IdleRows
-from specq.decoding.intake import Lookahead, RequestIntake
+from specq.decoding.intake import RequestIntake
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.model_free import HybridProposer, ModelFreeProposer
@@ -167,8 +167,13 @@ class SpeculativeEngine:
     # -- the request loop ---------------------------------------------------------------------------
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         started = time.perf_counter()
-        waiting = Lookahead(iter(requests))
+        waiting = iter(requests)
         exhausted = self._draining = False
+        # how many requests there are, where that is known without reading ahead (a list): a batch that no
+        # request will refill then drains from its first step on; a stream is known to have run out only
+        # at a refill that finds none (reading ahead would hand the caller's next request over early)
+        count = len(requests) if isinstance(requests, Sized) else None
+        taken = 0
         try:
             with torch.inference_mode(), ExitStack() as caches:
                 batch = BatchState(
@@ -183,8 +188,8 @@ class SpeculativeEngine:
                         self.idle_rows.refilled()
                         free = self.config.batch_size - batch.num_live()
                         admitted, failures, exhausted = self.intake.take(waiting, free)
-                        exhausted = exhausted or waiting.exhausted()
-                        self._draining = exhausted
+                        taken += len(admitted) + len(failures)
+                        exhausted = self._draining = exhausted or taken == count
                         yield from failures
                         if admitted:
                             yield from self._admit(batch, admitted)

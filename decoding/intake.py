@@ -52,27 +52,3 @@ class RequestIntake:
         if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= self.vocab_size:
             return f"prompt has token ids outside the vocabulary [0, {self.vocab_size})"
         return None
-
-
-class Lookahead(Iterator[GenerationRequest]):
-    """The waiting requests, able to tell whether any is left before a row is free for it: a batch that
-    no request will refill is draining, and the adaptive-k policy weighs its steps differently
-    (`SpeculationPolicy.choose`). Reads at most one request ahead, at a refill."""
-
-    def __init__(self, waiting: Iterator[GenerationRequest]) -> None:
-        self._waiting = waiting
-        self._held: list[GenerationRequest] = []
-
-    def __next__(self) -> GenerationRequest:
-        if self._held:
-            return self._held.pop()
-        return next(self._waiting)
-
-    def exhausted(self) -> bool:
-        if self._held:
-            return False
-        request = next(self._waiting, None)
-        if request is None:
-            return True
-        self._held.append(request)
-        return False

@@ -472,8 +472,9 @@ def test_a_steps_time_includes_booking_its_drafts(target, draft, prompts, monkey
 
 
 def test_the_policy_weighs_the_tokens_left_once_no_request_waits_for_a_row(target, draft, prompts):
-    # a batch that no request will refill ends with its slowest row: the policy is told each row's
-    # tokens left from the step after the last request was read, and not before; the tokens are greedy's
+    # a batch that no request will refill ends with its slowest row: given a list, the policy is told each
+    # row's tokens left from the step after the last request was admitted, and not before; the tokens are
+    # greedy's
     from specq.decoding.k_policy import SpeculationPolicy
 
     seen: list[tuple[int, np.ndarray | None]] = []
