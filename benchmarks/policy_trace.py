@@ -46,8 +46,8 @@ class TracingPolicy(SpeculationPolicy):
         self.steps_seen: list[dict[str, Any]] = []
         self._pending: dict[str, Any] = {}
 
-    def choose(self, rows, limit, offers=None, sources=None):
-        k = super().choose(rows, limit, offers, sources)
+    def choose(self, rows, limit, offers=None, sources=None, tokens_left=None):
+        k = super().choose(rows, limit, offers, sources, tokens_left)
         top = min(self.max_k, limit)
         live = rows if offers is None else offers.size
         if top > 0 and live:

@@ -32,9 +32,16 @@ class DraftPlan:
 
 
 def plan_drafts(
-    batch: BatchState, live: np.ndarray, proposer: Proposer | None, policy: SpeculationPolicy, max_context: int
+    batch: BatchState,
+    live: np.ndarray,
+    proposer: Proposer | None,
+    policy: SpeculationPolicy,
+    max_context: int,
+    *,
+    draining: bool = False,
 ) -> DraftPlan:
-    """The plan of the next step of `batch`, whose rows `live` decode; a resting policy is told it rested."""
+    """The plan of the next step of `batch`, whose rows `live` decode; a resting policy is told it rested.
+    `draining`: no request waits for a row, so the policy weighs the rows' tokens left (`choose`)."""
     if proposer is None or not policy.wants_offers(batch.rows):
         if proposer is not None:
             policy.rest()
@@ -46,7 +53,8 @@ def plan_drafts(
     offers = offer.lengths[live]  # [live]
     top = int(offers.max())
     # no row has anything to offer (no match anywhere): a plain step, and no time measured for the policy
-    k = policy.choose(batch.rows, top, offers, offer.sources[live]) if top > 0 else 0
+    tokens_left = row_limits[live] + 1 if draining else None  # [live]
+    k = policy.choose(batch.rows, top, offers, offer.sources[live], tokens_left) if top > 0 else 0
     num_draft = np.zeros(batch.rows, np.int64)  # [rows]
     if k:
         num_draft[live] = np.minimum(offers, k)

@@ -37,7 +37,7 @@ propose, verify, accept or advance syncs. Log-probabilities, where asked for, ar
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -141,6 +141,7 @@ class SpeculativeEngine:
         self.proposer = self._proposer(draft_lm, head, model_free)
         self.stats = EngineStats.for_k(self.max_k)
         self.idle_rows = IdleRows(self.config.batch_size, self.device)
+        self._draining = False  # no request waits for a row: the batch ends with its slowest row
         # the models a refill prefills: the target, and a draft model at its next proposal
         self._prefilling = [lm for lm in (self.target_lm, draft_lm) if lm is not None]
 
@@ -167,7 +168,12 @@ class SpeculativeEngine:
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         started = time.perf_counter()
         waiting = iter(requests)
-        exhausted = False
+        exhausted = self._draining = False
+        # how many requests there are, where that is known without reading ahead (a list): a batch that no
+        # request will refill then drains from its first step on; a stream is known to have run out only
+        # at a refill that finds none (reading ahead would hand the caller's next request over early)
+        count = len(requests) if isinstance(requests, Sized) else None
+        taken = 0
         try:
             with torch.inference_mode(), ExitStack() as caches:
                 batch = BatchState(
@@ -182,6 +188,8 @@ class SpeculativeEngine:
                         self.idle_rows.refilled()
                         free = self.config.batch_size - batch.num_live()
                         admitted, failures, exhausted = self.intake.take(waiting, free)
+                        taken += len(admitted) + len(failures)
+                        exhausted = self._draining = exhausted or taken == count
                         yield from failures
                         if admitted:
                             yield from self._admit(batch, admitted)
@@ -247,7 +255,7 @@ class SpeculativeEngine:
         watch = Stopwatch(self.device)  # from the offers on: a model-free proposer's lookups are part of a step
         live = batch.live_rows()
         batch.held_prompts.forget_idle(live)
-        plan = plan_drafts(batch, live, self.proposer, self.policy, self.max_context)
+        plan = plan_drafts(batch, live, self.proposer, self.policy, self.max_context, draining=self._draining)
         k, num_draft_h = plan.k, plan.num_draft
         # uploaded before any work of the step is queued, so the copy waits for nothing
         num_draft = torch.from_numpy(num_draft_h).to(self.device) if k else None  # [rows]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,7 +95,7 @@ def test_rows_the_draft_model_skipped_are_read_as_a_prefill_then_drafted_as_usua
     from specq.decoding.k_policy import SpeculationPolicy
 
     class EverySixthStep(SpeculationPolicy):  # rests five steps, then speculates: rows fall 5 tokens behind
-        def choose(self, rows, limit, offers=None, sources=None):
+        def choose(self, rows, limit, offers=None, sources=None, tokens_left=None):
             self.steps += 1
             return min(3, limit) if self.steps % 6 == 0 else 0
 
@@ -468,3 +469,30 @@ def test_a_steps_time_includes_booking_its_drafts(target, draft, prompts, monkey
     list(engine.generate(_greedy_requests(prompts[:2], max_tokens=12)))
     speculative_overhead = engine.policy.t_overhead[True][2].value
     assert speculative_overhead is not None and speculative_overhead >= 0.005
+
+
+def test_the_policy_weighs_the_tokens_left_once_no_request_waits_for_a_row(target, draft, prompts):
+    # a batch that no request will refill ends with its slowest row: given a list, the policy is told each
+    # row's tokens left from the step after the last request was admitted, and not before; the tokens are
+    # greedy's
+    from specq.decoding.k_policy import SpeculationPolicy
+
+    seen: list[tuple[int, np.ndarray | None]] = []
+
+    class Recording(SpeculationPolicy):
+        def choose(self, rows, limit, offers=None, sources=None, tokens_left=None):
+            seen.append((rows, None if tokens_left is None else tokens_left.copy()))
+            return super().choose(rows, limit, offers, sources, tokens_left)
+
+    requests = _greedy_requests(prompts[:6], max_tokens=12)
+    # a fixed k: every step asks the policy (an adaptive one may rest, which the machine's timings decide)
+    config = DecodingConfig(num_speculative_tokens=3, batch_size=4, strict=True, fixed_k=True)
+    engine = SpeculativeEngine(target, IdTokenizer(), draft, config, policy=Recording(3, fixed=True))
+    results = {r.key: r for r in engine.generate(requests)}
+    draining = [left is not None for _, left in seen]
+    assert draining[0] is False and draining[-1] is True
+    assert draining == sorted(draining)  # once the requests ran out, every later step drains
+    first_drained = seen[draining.index(True)][1]
+    assert first_drained is not None and first_drained.max() <= 12 and first_drained.min() >= 1
+    for i, prompt in enumerate(prompts[:6]):
+        assert results[i].token_ids == reference_greedy(target, prompt, 12)

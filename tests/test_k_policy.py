@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from specq.decoding.k_policy import SpeculationPolicy
+from specq.decoding.stats import NGRAM
+from tests.policy_timing import modelled_step_times
 
 
 def _drive(policy: SpeculationPolicy, rows: int, t_draft: float, t_target, acceptance: float, steps: int = 200):
@@ -337,3 +339,57 @@ def test_an_early_rejection_does_not_keep_the_draft_model_out():
             accepted = 0 if step == 0 else min(rng.geometric(0.15) - 1, k)
             policy.observe_acceptance(np.array([accepted]), np.array([k]))
     assert np.mean(np.array(chosen[-100:]) == 4) > 0.8
+
+
+def _drive_lookups(policy, rows, acceptance, steps, tokens_left=None):
+    """Steps of a model-free proposer offering 8 tokens on every row, each position accepted with
+    probability `acceptance`; the times are whatever the test modelled."""
+    rng = np.random.default_rng(0)
+    offers, sources = np.full(rows, 8), np.full(rows, NGRAM)
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose(rows, 8, offers, sources, tokens_left)
+        chosen.append(k)
+        policy.observe_step(rows, k, 0.0, 0.0, 0.0, t_offer=0.0, draft_forwards=0)
+        if k:
+            accepted = np.minimum(rng.geometric(1 - acceptance, size=rows) - 1, k)
+            policy.observe_acceptance(accepted, np.full(rows, k), sources)
+    return chosen
+
+
+def test_a_batch_whose_verify_costs_its_width_converges_to_not_speculating(monkeypatch):
+    # a CPU at 16 rows: verifying w tokens a row costs about w plain steps (plus a little), and half of
+    # the looked-up tokens are accepted: no width returns what it costs, and the policy, starting from
+    # its optimistic prior for lookups, must learn that from its own timings and stop
+    policy = SpeculationPolicy(8, fixed=False)
+    modelled_step_times(monkeypatch, policy, lambda rows, width: 0.160 * width + 0.004, t_offer=0.001)
+    chosen = _drive_lookups(policy, 16, acceptance=0.5, steps=300)
+    assert np.mean(np.array(chosen[-100:]) == 0) > 0.9
+    assert policy.best(16, 8, np.full(16, 8), np.full(16, NGRAM))[0] == 0
+
+
+def test_a_draining_batch_does_not_widen_for_rows_ahead_of_its_slowest(monkeypatch):
+    # verifying 6 tokens costs 3.6 plain steps (SmolLM2 at 16 rows on one thread); lookups accepted at
+    # 95%. Where every row offers, speculating pays with or without a queue; where the rows furthest
+    # from their end have nothing to offer, it pays for a queue's batch (the early rows are refilled)
+    # but not for a draining one, which ends with those rows
+    steps = {1: 0.165, 3: 0.56, 6: 0.59, 9: 1.13}
+    policy = SpeculationPolicy(5, fixed=False, probe_interval=10**9)
+    widths, seconds = list(steps), list(steps.values())
+    modelled_step_times(monkeypatch, policy, lambda rows, width: float(np.interp(width, widths, seconds)))
+    for width in (1, 3, 6):
+        for _ in range(3):
+            policy.observe_step(16, width - 1, 0.0, 0.0, 0.0, t_offer=0.0, draft_forwards=0)
+    sources = np.full(16, NGRAM)
+    for _ in range(50):
+        policy.observe_acceptance(np.full(16, 5), np.full(16, 5), sources)
+    left = np.array([10] * 12 + [20] * 4)  # four rows behind the others
+    every_row = np.full(16, 5)
+    assert policy.best(16, 5, every_row, sources)[0] == 5
+    assert policy.choose(16, 5, every_row, sources, left) == 5
+    behind_without = np.array([5] * 12 + [0] * 4)
+    assert policy.choose(16, 5, behind_without, sources) == 5
+    assert policy.choose(16, 5, behind_without, sources, left) == 0
+    # the same offers where the rows without a match are the ones ahead: the slowest rows' progress pays
+    ahead_without = np.array([0] * 4 + [5] * 12)
+    assert policy.choose(16, 5, ahead_without, sources, np.array([10] * 4 + [20] * 12)) == 5
