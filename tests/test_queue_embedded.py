@@ -98,3 +98,28 @@ def test_ctrl_c_cancels_the_embedded_job_so_retry_can_resume_it(tiny_pair, tmp_p
     assert f"interrupted: job {job_id} cancelled" in stderr
     info = job_status(env, job_id)
     assert info["state"] == "cancelled" and 0 < info["completed"] < 64, info
+
+
+def test_submit_wait_returns_only_after_its_work_thread_has_ended(tiny_pair, tmp_path, monkeypatch) -> None:
+    """The job's end is stored before the thread that ran it is done; a process that exits with that
+    thread still inside torch aborts ("terminate called without an active exception"), as a demo run
+    did once. The thread here lingers a second past the job's end (two of wait's polls): submit must
+    still be waiting for it."""
+    import threading
+    import time
+
+    from specq.worker import embedded
+
+    run_chunks_here, finished = embedded.run_chunks_here, threading.Event()
+
+    def run_then_linger(*args, **kwargs):
+        run_chunks_here(*args, **kwargs)
+        time.sleep(1.0)
+        finished.set()
+
+    monkeypatch.setattr(embedded, "run_chunks_here", run_then_linger)
+    env = {"SPECQ_HOME": str(tmp_path / "home")}
+    path = write_requests(tmp_path / "in.jsonl", LINES[:1])
+    result = invoke(["submit", path, "--target", tiny_pair[0], "--wait"], env)
+    assert result.exit_code == 0, result.output
+    assert finished.is_set()

@@ -83,6 +83,9 @@ def run_job_here(
         except KeyboardInterrupt:
             os._exit(130)  # asked twice: no clean-up, and so no abort from the thread still in a kernel
         raise
+    # the job's end is stored before the thread is done (its batch closed, its models released): a
+    # process that exits with the thread still inside torch aborts ("terminate called ...")
+    worker.join()
     if failure:
         raise SpecqError(f"job {job_id} stopped: {failure[0]}") from failure[0]
     return status
