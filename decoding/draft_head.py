@@ -14,15 +14,15 @@ the V' tokens the target most often says (tokens outside it are never proposed).
 whole 49,152 x 576 head costs about a fifth of a target forward per draft token; 8,192 rows cost a
 sixth of that. Both tables are the target's, frozen and shared with it, never stored with the head.
 
-The target's final hidden states are read by a forward pre-hook on its LM head (`HiddenTap`),
-installed only on a target that a head drafts for: the verify pass computes them anyway, so reading
-them costs nothing, and target-only decoding and the other proposers run exactly as before. After
-each verify the row's new state is the hidden state at its last accepted position. A row's first
-state is its prefill's at the prompt's last position (the one whose logits gave its first token),
-which the prefill picks per group of rows as it picks those logits (`RaggedLM.prefill_rows`), so a
-row drafts from its first step. Where the prefill gives none (a target that cannot return the last
-position's logits alone, or rows sharing a prompt, prefilled once for all of them) the row's first
-step verifies without drafting and the proposer takes the state from it.
+The target's final hidden states are read by a forward pre-hook on its LM head (`HiddenTap`, in
+decoding/hf_model.py), installed only on a target that a head drafts for: the verify pass computes them
+anyway, so reading them costs nothing, and target-only decoding and the other proposers run exactly as
+before. After each verify the row's new state is the hidden state at its last accepted position. A row's
+first state is its prefill's at the prompt's last position (the one whose logits gave its first token),
+which the prefill picks per group of rows as it picks those logits (`RaggedLM.prefill_rows`), so a row
+drafts from its first step. Where the prefill gives none (a target that cannot return the last
+position's logits alone, or rows sharing a prompt, prefilled once for all of them) the row's first step
+verifies without drafting and the proposer takes the state from it.
 
 Beside prompt lookup or the suffix index (`--draft HEAD_DIR --model-free ngram|suffix`) the head is the
 model part of the hybrid (decoding/model_free.py), in a draft model's place: its steps are priced as a
@@ -36,14 +36,14 @@ verified by modified rejection sampling against the head's probabilities (decodi
 from __future__ import annotations
 
 import json
-import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from specq.decoding.hf_model import HiddenTap
 from specq.decoding.proposer import Offer
 from specq.decoding.sampling import Stream, counter_uniforms, logits_to_probs, race_sample, sample_from_probs
 from specq.decoding.stats import DRAFT_MODEL
@@ -157,32 +157,6 @@ def load_head(folder: str | Path, target: CausalLM) -> DraftHead:
 def _first_line(exc: Exception) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else "no message"
-
-
-class HiddenTap:
-    """The input of a target's LM head at its latest forward: the final hidden states [rows, T, H] of
-    the positions whose logits it computed. One tap per target, installed on first use."""
-
-    _taps: ClassVar[weakref.WeakKeyDictionary[torch.nn.Module, HiddenTap]] = weakref.WeakKeyDictionary()
-
-    def __init__(self, lm_head: torch.nn.Module) -> None:
-        self.latest: torch.Tensor | None = None
-        lm_head.register_forward_pre_hook(self._record)
-
-    def _record(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        self.latest = args[0]
-
-    @classmethod
-    def on(cls, target: CausalLM) -> HiddenTap:
-        lm_head = target.get_output_embeddings()
-        tap = cls._taps.get(lm_head)
-        if tap is None:
-            tap = cls._taps[lm_head] = cls(lm_head)
-        return tap
-
-    def take(self) -> torch.Tensor | None:
-        latest, self.latest = self.latest, None
-        return latest
 
 
 class DraftHeadProposer:

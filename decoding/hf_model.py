@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -26,9 +27,6 @@ import torch
 from specq.decoding.kv_cache import RaggedKVCache
 from specq.decoding.prefill_groups import PrefillCost, length_groups
 from specq.decoding.static_shapes import is_cuda_graphed
-
-if TYPE_CHECKING:
-    from specq.decoding.draft_head import HiddenTap
 
 LAST_ONLY = 1  # `keep` of a prefill whose logits nobody reads: the last position only
 
@@ -363,3 +361,29 @@ def start_token_id(tokenizer: Tokenizer) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+class HiddenTap:
+    """The input of a target's LM head at its latest forward: the final hidden states [rows, T, H] of
+    the positions whose logits it computed. One tap per target, installed on first use."""
+
+    _taps: ClassVar[weakref.WeakKeyDictionary[torch.nn.Module, HiddenTap]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, lm_head: torch.nn.Module) -> None:
+        self.latest: torch.Tensor | None = None
+        lm_head.register_forward_pre_hook(self._record)
+
+    def _record(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        self.latest = args[0]
+
+    @classmethod
+    def on(cls, target: CausalLM) -> HiddenTap:
+        lm_head = target.get_output_embeddings()
+        tap = cls._taps.get(lm_head)
+        if tap is None:
+            tap = cls._taps[lm_head] = cls(lm_head)
+        return tap
+
+    def take(self) -> torch.Tensor | None:
+        latest, self.latest = self.latest, None
+        return latest

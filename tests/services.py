@@ -183,6 +183,20 @@ def invoke(args, env=None, stdin=None):
     return CliRunner().invoke(cli, args, env=env, input=stdin, catch_exceptions=False)
 
 
+def run_alone_and_with_draft(target, draft, tmp_path, max_tokens=24):
+    """`specq run` of one greedy prompt by the target alone and with `--draft DRAFT`: the two output records."""
+    requests = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def mul(a, b):", "temperature": 0}])
+    outputs = []
+    for name, draft_args in (("alone", []), ("drafted", ["--draft", str(draft)])):
+        out = tmp_path / f"{name}.jsonl"
+        ran = invoke(
+            ["run", requests, "-o", str(out), "--target", target, "--max-tokens", str(max_tokens), *draft_args]
+        )
+        assert ran.exit_code == 0, ran.output
+        outputs.append(json.loads(out.read_text()))
+    return outputs
+
+
 def submit_job(env, path, *args):
     """`specq submit PATH ARGS`, which must succeed; the job id it prints."""
     result = invoke(["submit", path, *args], env)

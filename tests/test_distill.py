@@ -21,7 +21,7 @@ from specq.distill.settings import Budget, DistillSettings, DraftShape
 from specq.distill.sizing import build_draft, draft_config
 from specq.distill.trainer import CHECKPOINT, StoredTeacher, Teacher, TopK, Trainer, TrainingInterrupted
 from specq.distill.workdir import WORK
-from tests.services import invoke, write_requests
+from tests.services import invoke, run_alone_and_with_draft, write_requests
 from tests.tiny_models import TINY_CORPUS, IdTokenizer, tiny_llama
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0)
@@ -168,15 +168,9 @@ def test_draft_train_writes_a_folder_that_draft_takes_and_reports_the_held_out_s
     assert run["phase"] == "done" and run["heldout_prompts"] == 2 and run["train_prompts"] == 23
     assert not (tmp_path / "draft" / WORK / CHECKPOINT).exists()
     # `--draft DIR` as is: `specq run` with it gives the target's own greedy tokens
-    requests = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def mul(a, b):", "temperature": 0}])
-    outputs = {}
-    for name, draft in (("alone", []), ("draft", ["--draft", str(tmp_path / "draft")])):
-        out = tmp_path / f"{name}.jsonl"
-        ran = invoke(["run", requests, "-o", str(out), "--target", target, "--max-tokens", "24", *draft])
-        assert ran.exit_code == 0, ran.output
-        outputs[name] = json.loads(out.read_text())
-    assert outputs["draft"]["tokens"] == outputs["alone"]["tokens"]
-    assert outputs["draft"]["draft_tokens"] > 0
+    alone, drafted = run_alone_and_with_draft(target, tmp_path / "draft", tmp_path)
+    assert drafted["tokens"] == alone["tokens"]
+    assert drafted["draft_tokens"] > 0
 
 
 class Killed(Exception):

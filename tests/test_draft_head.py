@@ -20,7 +20,7 @@ from specq.distill.settings import Budget
 from specq.errors import ModelLoadError
 from specq.models.loading import load_pair
 from tests.policy_timing import modelled_step_times
-from tests.services import invoke, write_requests
+from tests.services import invoke, run_alone_and_with_draft, write_requests
 from tests.test_distill import GREEDY, _prompt_lines, tiny_target_data
 from tests.test_lossless import PROMPT, _exact_joint, _pvalue, _sampled_joint, lossless_pair
 from tests.test_model_free import REPEATING, _repetitive_prompts
@@ -162,15 +162,9 @@ def test_draft_train_head_writes_a_folder_that_draft_takes(tiny_pair, head_dir, 
     assert result.exit_code == 0, result.output
     assert "a draft head (" in result.stderr and "outputs identical to target-only" in result.stderr
     assert (folder / HEAD_CONFIG).is_file() and not (folder / "config.json").exists()
-    requests = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def mul(a, b):", "temperature": 0}])
-    outputs = {}
-    for name, draft in (("alone", []), ("head", ["--draft", str(folder)])):
-        out = tmp_path / f"{name}.jsonl"
-        ran = invoke(["run", requests, "-o", str(out), "--target", target, "--max-tokens", "24", *draft])
-        assert ran.exit_code == 0, ran.output
-        outputs[name] = json.loads(out.read_text())
-    assert outputs["head"]["tokens"] == outputs["alone"]["tokens"]
-    assert outputs["head"]["draft_tokens"] > 0
+    alone, with_head = run_alone_and_with_draft(target, folder, tmp_path)
+    assert with_head["tokens"] == alone["tokens"]
+    assert with_head["draft_tokens"] > 0
 
 
 def test_the_head_folder_round_trips(tiny_pair, head_dir):
