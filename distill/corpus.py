@@ -82,6 +82,36 @@ def split(count: int, heldout: int, seed: int) -> tuple[list[int], list[int]]:
     return [i for i in range(count) if i not in chosen], sorted(chosen)
 
 
+class DecodeStore:
+    """The completions decoded so far, in a file that grows by one line as the engine finishes each (in
+    whatever order): what a rerun need not decode again. A kill mid-write leaves a torn last line: it
+    is dropped on opening (the file cut after the last whole line), and its prompt decoded again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.decoded: dict[int, Decoded] = {}  # by prompt index
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        kept = 0
+        *lines, _torn = data.split(b"\n")
+        for line in lines:
+            try:
+                row = json.loads(line)
+                self.decoded[int(row["index"])] = _from_row(row)
+            except (ValueError, KeyError, TypeError):
+                break
+            kept += len(line) + 1
+        if kept < len(data):
+            os.truncate(path, kept)
+
+    def append(self, index: int, sequence: Decoded) -> None:
+        # opened, written and closed a completion: a kill keeps every line written before it
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(_line({"index": index, **asdict(sequence)}))
+
+
 def decode_with_target(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -89,25 +119,32 @@ def decode_with_target(
     batch_size: int,
     top_k: int = 0,
     on_progress: DecodeProgress = lambda done, total, stats: None,
+    store: DecodeStore | None = None,
 ) -> list[Decoded]:
     """The target's completion of each prompt (specq's batched engine, target-only, each request's own
     sampling settings), in the prompts' order; with `top_k` > 0, with the target's `top_k` likeliest
-    tokens at each position (the engine's logprobs, read as it verifies: no extra forward)."""
+    tokens at each position (the engine's logprobs, read as it verifies: no extra forward). With a
+    `store`, each completion goes into it as the engine finishes it, and the prompts it already holds are
+    not decoded again (`on_progress` counts the others)."""
     from specq.decoding.config import DecodingConfig
     from specq.decoding.engine import SpeculativeEngine
 
+    decoded = dict(store.decoded) if store is not None else {}
     engine = SpeculativeEngine(target, tokenizer, None, DecodingConfig(batch_size=batch_size))
     requests = [
         GenerationRequest(i, p.request.prompt_token_ids, replace(p.request.params, logprobs=top_k or None))
         for i, p in enumerate(prompts)
+        if i not in decoded
     ]
-    decoded: dict[int, Decoded] = {}
-    for result in engine.generate(requests):
+    for done, result in enumerate(engine.generate(requests), 1):
         if result.error is not None:
             raise SpecqError(f"the target failed on line {prompts[result.key].line}: {result.error}")
-        decoded[result.key] = _decoded(requests[result.key].prompt_token_ids, result, top_k)
-        on_progress(len(decoded), len(requests), engine.stats)
-    return [decoded[i] for i in range(len(requests))]
+        sequence = _decoded(prompts[result.key].request.prompt_token_ids, result, top_k)
+        decoded[result.key] = sequence
+        if store is not None:
+            store.append(result.key, sequence)
+        on_progress(done, len(requests), engine.stats)
+    return [decoded[i] for i in range(len(prompts))]
 
 
 def _decoded(prompt: tuple[int, ...], result: GenerationResult, top_k: int) -> Decoded:
@@ -129,10 +166,14 @@ def save_sequences(path: Path, sequences: Sequence[Decoded]) -> None:
     partial = path.with_name(path.name + ".partial")
     with open(partial, "w", encoding="utf-8") as out:
         for sequence in sequences:
-            out.write(json.dumps(asdict(sequence)) + "\n")  # -inf as -Infinity, which json reads back
+            out.write(_line(asdict(sequence)))
         out.flush()
         os.fsync(out.fileno())
     os.replace(partial, path)
+
+
+def _line(row: dict[str, Any]) -> str:
+    return json.dumps(row) + "\n"  # -inf as -Infinity, which json reads back
 
 
 def load_sequences(path: Path) -> list[Decoded]:

@@ -13,15 +13,23 @@ order, the first `vocab_rows` of them; `coverage` says what share of completion 
 
 The head's budget, as the draft model's, is training tokens (chain steps) or seconds; the target's
 forward over the sequences counts in the seconds, since the draft model does not need it.
+
+A run checkpoints and resumes as the draft model's does (distill/trainer.py CheckpointedTraining):
+the checkpoint holds the head's weights, the optimizer, the chain order's generator, the epoch's order
+and its cursor, so a resumed run takes the very chains the uninterrupted one would. The hidden states
+are read once and kept in the work folder (`save_chains`), in bf16: half of fp32's size (SmolLM2's
+576-wide states take 1.2 KB a position, 58 MB for 50,000) and what a CUDA target in bf16 computes
+anyway; every run trains on the stored (rounded) states, read back or not, so a resumed run trains on
+what the uninterrupted one did.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,9 +37,10 @@ import torch
 from specq.decoding.draft_head import DraftHead, HeadConfig
 from specq.distill.corpus import Decoded
 from specq.distill.settings import Budget
-from specq.distill.trainer import TrainState, learning_rate
+from specq.distill.trainer import CheckpointedTraining, TrainState, learning_rate, save_atomically
 
 HEAD_BATCH = 256  # chains a step: the head is small, so a step is cheap and many chains keep it steady
+STORED_STATES_DTYPE = torch.bfloat16  # the module's docstring says why
 
 
 def head_vocabulary(sequences: Sequence[Decoded], rows: int, vocab_size: int) -> torch.Tensor:
@@ -105,9 +114,26 @@ def target_states(
     return Chains(torch.cat(states), torch.cat(tokens), torch.cat(left), *tops)
 
 
-class HeadTrainer:
+def save_chains(chains: Chains, read_s: float, path: Path) -> Chains:
+    """Store `chains` and the seconds the target took to read them in `path` (atomically); the chains as
+    stored (their states rounded to STORED_STATES_DTYPE), which the run trains on."""
+    stored = Chains(**{**vars(chains), "states": chains.states.to(STORED_STATES_DTYPE)})
+    save_atomically({**vars(stored), "read_s": read_s}, path)
+    return stored
+
+
+def load_chains(path: Path) -> tuple[Chains, float] | None:
+    """(chains, read_s) as `save_chains` stored them; None where `path` is not there."""
+    if not path.exists():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    return Chains(**{field.name: saved[field.name] for field in fields(Chains)}), float(saved["read_s"])
+
+
+class HeadTrainer(CheckpointedTraining):
     """Teacher-forced chains of `depth` steps from every completion position, AdamW with the draft
-    trainer's warm-up and cosine schedule, until the budget is spent."""
+    trainer's warm-up and cosine schedule, until the budget is spent; checkpointed as the draft model's
+    trainer is (`run`, `restore`)."""
 
     def __init__(
         self,
@@ -120,8 +146,10 @@ class HeadTrainer:
         seed: int = 0,
         elapsed_s: float = 0.0,
         soft: bool = True,
+        checkpoint_every: int = 50,
     ) -> None:
         self.head, self.chains, self.budget, self.depth = head, chains, budget, depth
+        self.checkpoint_every = checkpoint_every
         self.learning_rate, self.batch_size = learning_rate, batch_size
         self.soft = soft  # on the recorded top tokens where there are (distillation), else on the chosen token
         self.starts = chains.starts
@@ -137,6 +165,25 @@ class HeadTrainer:
         self.order = torch.randperm(self.starts.numel(), generator=self.generator)
         self.cursor = 0
         self.state = TrainState(elapsed_s=elapsed_s)
+
+    def _checkpoint(self) -> dict[str, Any]:
+        return {
+            "model": self.head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "order": self.order,
+            "cursor": self.cursor,
+        }
+
+    def _resume(self, saved: dict[str, Any]) -> None:
+        # the vocabulary is chosen from the stored sequences, deterministically: another one would leave
+        # the head's LM-head rows (taken from the target at its creation) out of step with its ids
+        if not torch.equal(saved["model"]["vocab_ids"], self.head.vocab_ids.cpu()):
+            raise ValueError("the checkpoint's head proposes from another vocabulary than this run's")
+        self.head.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.generator.set_state(saved["generator"])
+        self.order, self.cursor = saved["order"], int(saved["cursor"])
 
     def _next_starts(self) -> torch.Tensor:
         if self.cursor + self.batch_size > self.order.numel():  # a new epoch
@@ -165,7 +212,8 @@ class HeadTrainer:
             at = (starts + i)[trained]  # [m] the positions whose tokens these logits predict
             losses.append(self._loss(logits, at, wanted[trained]))
             counted += int(trained.sum())
-        if not losses:
+        if not losses:  # every chain's first token outside the head's vocabulary: a step, with no update
+            self.state.step += 1
             return math.nan
         loss = torch.stack(losses).sum() / counted
         for group in self.optimizer.param_groups:
@@ -191,17 +239,6 @@ class HeadTrainer:
         weights = torch.where(known, self.chains.top_logprobs[at].to(device), float("-inf")).softmax(dim=-1)
         picked = log_probs.gather(1, rows.clamp(min=0))  # [m, top_k + 1]
         return -(torch.where(known, weights * picked, 0.0)).sum()
-
-    def run(self, on_step: Callable[[TrainState], None] = lambda state: None) -> TrainState:
-        losses: list[float] = []
-        while self.state.fraction(self.budget) < 1.0:
-            started = time.perf_counter()
-            losses.append(self.step())
-            self.state.elapsed_s += time.perf_counter() - started
-            recent = [loss for loss in losses[-50:] if not math.isnan(loss)]
-            self.state.loss = sum(recent) / len(recent) if recent else math.nan
-            on_step(self.state)
-        return self.state
 
 
 def new_head(target: Any, sequences: Sequence[Decoded], vocab_rows: int, intermediate: int | None) -> DraftHead:

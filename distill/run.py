@@ -48,7 +48,14 @@ def train_draft(
     limits: InputLimits | None = None,
 ) -> Outcome:
     """Validate the prompts, then decode, train and evaluate into `output` (distill/workdir.py)."""
-    from specq.distill.corpus import decode_with_target, load_sequences, prepare_prompts, save_sequences, split
+    from specq.distill.corpus import (
+        DecodeStore,
+        decode_with_target,
+        load_sequences,
+        prepare_prompts,
+        save_sequences,
+        split,
+    )
     from specq.distill.evaluate import evaluate_draft
     from specq.distill.workdir import file_digest, open_workdir
     from specq.jobs.chat_template import ChatLines
@@ -80,7 +87,12 @@ def train_draft(
 
             target = load_model(settings.target, resolve_device(settings.device), settings.dtype)
         if workdir.phase == "decode":
-            progress.say(f"the target decodes {len(train_ids)} training prompts ({len(heldout_ids)} held out)")
+            store = DecodeStore(workdir.decoding)
+            stored = len(store.decoded)
+            progress.say(
+                f"the target decodes {len(train_ids) - stored} training prompts ({len(heldout_ids)} held out"
+                + (f"; {stored} decoded by an earlier try)" if stored else ")")
+            )
             assert target is not None
             sequences = decode_with_target(
                 target,
@@ -89,9 +101,11 @@ def train_draft(
                 settings.decode_batch_size,
                 top_k=settings.teacher_top_k,
                 on_progress=progress.decoding,
+                store=store,
             )
             save_sequences(workdir.sequences, sequences)
             workdir.advance("train", train_prompts=len(train_ids), heldout_prompts=len(heldout_ids))
+            workdir.decoding.unlink(missing_ok=True)  # sequences.jsonl holds it all now
         if workdir.phase == "train":
             if target is None:  # resumed: the draft is sized from the target's config and embedding alone
                 from specq.models.loading import load_model
@@ -106,7 +120,7 @@ def train_draft(
             settings, str(output), [prompts[i].request.prompt_token_ids for i in heldout_ids], progress.say
         )
         workdir.advance("done", evaluation=evaluation)
-        (workdir.work / "checkpoint.pt").unlink(missing_ok=True)
+        workdir.remove_work_files()
         return Outcome(output, workdir.resumed, len(train_ids), len(heldout_ids), workdir.run["training"], evaluation)
 
 
@@ -161,13 +175,14 @@ def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any,
 def _train_head(
     settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any, sequences: list, progress: Progress
 ) -> dict[str, Any]:
-    """A draft head (distill/head.py) trained from scratch on the stored completions, saved into DIR with the
-    target's tokenizer. No checkpoints: it trains in minutes, and a resumed run trains it again."""
+    """A draft head (distill/head.py) trained on the stored completions, saved into DIR with the target's
+    tokenizer; the target's hidden states are read once into the work folder, and training checkpoints and
+    resumes as the draft model's does."""
     import time
 
     import torch
 
-    from specq.distill.head import HeadTrainer, coverage, new_head, target_states
+    from specq.distill.head import HeadTrainer, coverage, load_chains, new_head, save_chains, target_states
 
     target.eval()
     for parameter in target.parameters():
@@ -177,15 +192,19 @@ def _train_head(
     covered = coverage(sequences, head.vocab_ids)
     progress.say(
         f"a draft head ({sum(p.numel() for p in head.parameters() if p.requires_grad):,} parameters, "
-        f"{head.config.vocab_rows} of {head.target_vocab_size} tokens: {covered:.1%} of the completions' tokens); "
-        f"the target reads {len(sequences)} sequences for its hidden states"
+        f"{head.config.vocab_rows} of {head.target_vocab_size} tokens: {covered:.1%} of the completions' tokens)"
     )
-    started = time.perf_counter()
-    chains = target_states(target, sequences)
-    read_s = time.perf_counter() - started
-    progress.say(
-        f"read {chains.tokens.numel():,} hidden states in {read_s:.0f}s; training for {settings.budget.describe()}"
-    )
+    stored = load_chains(workdir.hidden_states)
+    if stored is None:
+        progress.say(f"the target reads {len(sequences)} sequences for its hidden states")
+        started = time.perf_counter()
+        chains = target_states(target, sequences)
+        read_s = time.perf_counter() - started
+        chains = save_chains(chains, read_s, workdir.hidden_states)
+        progress.say(f"read {chains.tokens.numel():,} hidden states in {read_s:.0f}s")
+    else:
+        chains, read_s = stored
+        progress.say(f"the {chains.tokens.numel():,} hidden states an earlier try read")
     trainer = HeadTrainer(
         head,
         chains,
@@ -194,8 +213,12 @@ def _train_head(
         learning_rate=settings.peak_learning_rate,
         seed=settings.seed,
         elapsed_s=read_s,  # the target's forward is the head's cost: it counts in a time budget
+        checkpoint_every=settings.checkpoint_every,
     )
-    state = trainer.run(on_step=lambda state: progress.training(state, settings.budget))
+    if trainer.restore(workdir.work):
+        progress.say(f"continuing from the checkpoint at step {trainer.state.step}")
+    progress.say(f"training for {settings.budget.describe()}")
+    state = trainer.run(workdir.work, on_step=lambda state: progress.training(state, settings.budget))
     head.eval()
     head.save(workdir.root)
     tokenizer.save_pretrained(workdir.root)

@@ -22,7 +22,8 @@ Divergences, both from DistillSpec's menu, the same on every position:
 
 Determinism: the batches of step s are drawn from a permutation seeded by (seed, epoch), so a run
 resumed from a checkpoint takes exactly the batches the uninterrupted run would have; on the same
-machine and thread count the weights match too.
+machine and thread count the weights match too. The checkpoints and the loop that writes them
+(`CheckpointedTraining`) are the draft head's too (distill/head.py).
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ import torch
 
 from specq.distill.corpus import Decoded
 from specq.distill.settings import Budget, Loss
+from specq.distill.workdir import CHECKPOINT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 WARMUP_STEPS = 20  # linear learning-rate warm-up: Adam's first moments are noise
 FINAL_LR_FRACTION = 0.1  # cosine decay to this share of the learning rate as the budget runs out
-CHECKPOINT = "checkpoint.pt"
 
 
 class TrainingInterrupted(Exception):
@@ -238,8 +239,79 @@ def learning_rate(base: float, step: int, fraction: float) -> float:
     return base * warm * cosine
 
 
+def save_atomically(payload: dict[str, Any], path: Path) -> None:
+    """`payload` in `path` (torch.save), written then renamed: a kill leaves the previous file or this
+    one, never half of one."""
+    partial = path.with_name(path.name + ".partial")
+    torch.save(payload, partial)
+    os.replace(partial, path)
+
+
+class CheckpointedTraining:
+    """The training loop both trainers share: steps until the budget is spent, a checkpoint (the
+    trainer's own `_checkpoint()` and the TrainState) every `checkpoint_every` steps, on Ctrl-C and at
+    the end, and `restore` to continue from it. A trainer gives `step` (one optimizer step, which counts
+    in `state`) and what its checkpoint holds besides the state."""
+
+    state: TrainState
+    budget: Budget
+    checkpoint_every: int
+
+    def step(self) -> float:
+        """One optimizer step on the next batch; its loss (NaN where the batch had nothing to train on)."""
+        raise NotImplementedError
+
+    def _checkpoint(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _resume(self, saved: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def save(self, folder: Path) -> None:
+        """The weights, the optimizer, whatever else decides the next batches and the state in
+        `folder`/checkpoint.pt (atomically)."""
+        save_atomically({**self._checkpoint(), "state": vars(self.state)}, folder / CHECKPOINT)
+
+    def restore(self, folder: Path) -> bool:
+        """Continue from `folder`'s checkpoint; False where there is none."""
+        path = folder / CHECKPOINT
+        if not path.exists():
+            return False
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        self._resume(saved)
+        self.state = TrainState(**saved["state"])
+        return True
+
+    def done(self) -> bool:
+        return self.state.fraction(self.budget) >= 1.0
+
+    def run(self, folder: Path, on_step: StepProgress = lambda state: None) -> TrainState:
+        """Train until the budget is spent, checkpointing into `folder` every `checkpoint_every` steps and
+        at the end; Ctrl-C finishes the step under way, checkpoints and raises TrainingInterrupted."""
+        losses: list[float] = []
+        with _sigint_deferred() as interrupted:
+            while not self.done():
+                started = time.perf_counter()
+                losses.append(self.step())
+                self.state.elapsed_s += time.perf_counter() - started
+                scheduled = self.state.step % self.checkpoint_every == 0 or self.done()
+                if scheduled:
+                    self.state.checkpoints += 1
+                trained = [loss for loss in losses if not math.isnan(loss)]
+                self.state.loss = sum(trained) / len(trained) if trained else math.nan
+                if scheduled:
+                    self.save(folder)
+                    losses.clear()
+                on_step(self.state)
+                if interrupted() and not self.done():
+                    if not scheduled:
+                        self.save(folder)
+                    raise TrainingInterrupted(f"interrupted at step {self.state.step}")
+        return self.state
+
+
 @dataclass
-class Trainer:
+class Trainer(CheckpointedTraining):
     draft: PreTrainedModel
     teacher: Teacher | StoredTeacher
     sequences: Sequence[Decoded]
@@ -261,34 +333,15 @@ class Trainer:
         self.device = next(self.draft.parameters()).device
 
     # -- checkpoints --------------------------------------------------------------------------------
-    def save(self, folder: Path) -> None:
-        """The draft, the optimizer and the state in `folder`/checkpoint.pt, written then renamed: a
-        kill leaves the previous checkpoint or this one, never half of one."""
-        path = folder / CHECKPOINT
-        partial = path.with_name(CHECKPOINT + ".partial")
-        torch.save(
-            {"model": self.draft.state_dict(), "optimizer": self.optimizer.state_dict(), "state": vars(self.state)},
-            partial,
-        )
-        os.replace(partial, path)
+    def _checkpoint(self) -> dict[str, Any]:
+        return {"model": self.draft.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def restore(self, folder: Path) -> bool:
-        """Continue from `folder`'s checkpoint; False where there is none."""
-        path = folder / CHECKPOINT
-        if not path.exists():
-            return False
-        saved = torch.load(path, map_location=self.device, weights_only=True)
+    def _resume(self, saved: dict[str, Any]) -> None:
         self.draft.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
-        self.state = TrainState(**saved["state"])
-        return True
 
     # -- training -----------------------------------------------------------------------------------
-    def done(self) -> bool:
-        return self.state.fraction(self.budget) >= 1.0
-
     def step(self) -> float:
-        """One optimizer step on the next batch; its loss."""
         state = self.state
         indices = batch_indices(state.step, len(self.windows), self.batch_size, self.seed)
         batch = collate([self.windows[i] for i in indices], self.pad_id, self.device)
@@ -308,29 +361,6 @@ class Trainer:
         state.step += 1
         state.tokens += int(batch.positions.sum())
         return float(loss.detach())
-
-    def run(self, folder: Path, on_step: StepProgress = lambda state: None) -> TrainState:
-        """Train until the budget is spent, checkpointing into `folder` every `checkpoint_every` steps and
-        at the end; Ctrl-C finishes the step under way, checkpoints and raises TrainingInterrupted."""
-        losses: list[float] = []
-        with _sigint_deferred() as interrupted:
-            while not self.done():
-                started = time.perf_counter()
-                losses.append(self.step())
-                self.state.elapsed_s += time.perf_counter() - started
-                scheduled = self.state.step % self.checkpoint_every == 0 or self.done()
-                if scheduled:
-                    self.state.checkpoints += 1
-                self.state.loss = sum(losses) / len(losses)
-                if scheduled:
-                    self.save(folder)
-                    losses.clear()
-                on_step(self.state)
-                if interrupted() and not self.done():
-                    if not scheduled:
-                        self.save(folder)
-                    raise TrainingInterrupted(f"interrupted at step {self.state.step}")
-        return self.state
 
 
 @contextmanager

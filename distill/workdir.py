@@ -5,7 +5,11 @@
     DIR/.specq-draft/
         run.json             the settings, the data's digest, the phase reached (decode, train, evaluate,
                              done) and, at the end, the held-out measurement
-        sequences.jsonl      the target's completions of the training prompts (written whole)
+        decoding.jsonl       the completions decoded so far, one line each, appended as the target finishes
+                             them (removed once sequences.jsonl is written): a rerun decodes only the rest
+        sequences.jsonl      the target's completions of the training prompts, in their order (written whole)
+        hidden-states.pt     a head run's target hidden states (distill/head.py), read once (removed when
+                             the run is done)
         checkpoint.pt        the latest training checkpoint (removed when the run is done)
         lock                 held while a run works in DIR, so two runs never write into one folder
 
@@ -32,7 +36,10 @@ from specq.errors import OutputPathError
 
 WORK = ".specq-draft"
 RUN_FILE = "run.json"
+DECODING = "decoding.jsonl"
 SEQUENCES = "sequences.jsonl"
+HIDDEN_STATES = "hidden-states.pt"
+CHECKPOINT = "checkpoint.pt"
 PHASES = ("decode", "train", "evaluate", "done")
 VERSION = 1
 
@@ -60,8 +67,21 @@ class WorkDir:
         return str(self.run["phase"])
 
     @property
+    def decoding(self) -> Path:
+        return self.work / DECODING
+
+    @property
     def sequences(self) -> Path:
         return self.work / SEQUENCES
+
+    @property
+    def hidden_states(self) -> Path:
+        return self.work / HIDDEN_STATES
+
+    def remove_work_files(self) -> None:
+        """The stored decode, the hidden states and the checkpoint: a finished run needs none of them."""
+        for name in (DECODING, HIDDEN_STATES, CHECKPOINT):
+            (self.work / name).unlink(missing_ok=True)
 
     def advance(self, phase: str, **fields: Any) -> None:
         """Record that `phase` is reached (with `fields`), written then renamed into place."""

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-from specq.distill.corpus import Decoded, Prompt, decode_with_target
+from specq.distill.corpus import Decoded, Prompt, decode_with_target, load_sequences
 from specq.distill.run import train_draft
 from specq.distill.settings import Budget, DistillSettings, DraftShape
 from specq.distill.sizing import build_draft, draft_config
 from specq.distill.trainer import CHECKPOINT, StoredTeacher, Teacher, TopK, Trainer, TrainingInterrupted
-from specq.distill.workdir import WORK
+from specq.distill.workdir import DECODING, SEQUENCES, WORK
 from tests.services import invoke, run_alone_and_with_draft, write_requests
 from tests.tiny_models import TINY_CORPUS, IdTokenizer, tiny_llama
 
@@ -178,8 +178,14 @@ class Killed(Exception):
 
 
 class _Quiet:
-    def __init__(self, kill_after_step: int | None = None, ctrl_c_at_step: int | None = None) -> None:
+    def __init__(
+        self,
+        kill_after_step: int | None = None,
+        ctrl_c_at_step: int | None = None,
+        kill_after_decoded: int | None = None,
+    ) -> None:
         self.kill_after_step, self.ctrl_c_at_step = kill_after_step, ctrl_c_at_step
+        self.kill_after_decoded = kill_after_decoded
         self.steps: list[int] = []  # the training steps this try took
         self.decoded = 0  # prompts this try decoded with the target
 
@@ -188,6 +194,8 @@ class _Quiet:
 
     def decoding(self, done, total, stats):
         self.decoded = done
+        if done == self.kill_after_decoded:
+            raise Killed
 
     def training(self, state, budget):
         self.steps.append(state.step)
@@ -257,6 +265,26 @@ def test_ctrl_c_finishes_the_step_checkpoints_it_and_the_rerun_continues_from_th
     assert rerun.decoded == 0 and rerun.steps[0] == 8
     assert resumed.state["checkpoints"] == whole.state["checkpoints"]
     assert _same_weights(whole_dir, tmp_path / "out")
+
+
+def test_a_run_killed_while_the_target_decodes_decodes_only_the_rest(uninterrupted, tmp_path):
+    settings, whole, whole_dir = uninterrupted
+    with pytest.raises(Killed):
+        train_draft(settings, tmp_path / "out", _Quiet(kill_after_decoded=5))
+    stored = tmp_path / "out" / WORK / DECODING
+    lines = stored.read_bytes().split(b"\n")
+    assert len(lines) == 6 and lines[-1] == b""  # 5 whole lines
+    stored.write_bytes(b"\n".join(lines[:4]) + b"\n" + lines[4][: len(lines[4]) // 2])  # the 5th torn mid-write
+    rerun = _Quiet(kill_after_step=1)  # training resumes as the tests above say: stop at its first step
+    with pytest.raises(Killed):
+        train_draft(settings, tmp_path / "out", rerun)
+    assert rerun.decoded == whole.train_prompts - 4 and not stored.exists()
+    resumed, uninterrupted_run = (load_sequences(folder / WORK / SEQUENCES) for folder in (tmp_path / "out", whole_dir))
+    assert len(resumed) == len(uninterrupted_run) == whole.train_prompts
+    for one, other in zip(resumed, uninterrupted_run, strict=True):  # in the prompts' order
+        assert (one.prompt, one.completion, one.top_ids) == (other.prompt, other.completion, other.top_ids)
+        # the log-probabilities up to float rounding: the two tries batched their rows differently
+        assert torch.allclose(torch.tensor(one.top_logprobs), torch.tensor(other.top_logprobs), atol=1e-5)
 
 
 def test_an_unfinished_run_with_other_settings_is_refused(tiny_pair, tmp_path):

@@ -15,16 +15,17 @@ import torch
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.draft_head import HEAD_CONFIG, HEAD_WEIGHTS, DraftHead, load_head
 from specq.decoding.k_policy import SpeculationPolicy
-from specq.distill.head import HeadTrainer, coverage, new_head, target_states
+from specq.distill.head import Chains, HeadTrainer, coverage, load_chains, new_head, save_chains, target_states
 from specq.distill.settings import Budget
+from specq.distill.workdir import CHECKPOINT, HIDDEN_STATES, WORK
 from specq.errors import ModelLoadError
 from specq.models.loading import load_pair
 from tests.policy_timing import modelled_step_times
 from tests.services import invoke, run_alone_and_with_draft, write_requests
-from tests.test_distill import GREEDY, _prompt_lines, tiny_target_data
+from tests.test_distill import GREEDY, Killed, _prompt_lines, tiny_target_data
 from tests.test_lossless import PROMPT, _exact_joint, _pvalue, _sampled_joint, lossless_pair
 from tests.test_model_free import REPEATING, _repetitive_prompts
-from tests.tiny_models import IdTokenizer
+from tests.tiny_models import IdTokenizer, tiny_llama
 
 # acceptance (K = 4, greedy, held-out prompts) a trained head must gain over an untrained one. Measured:
 # untrained 0.13 (it proposes what the state of x1 said, again); trained for 300k chain tokens on the
@@ -34,7 +35,7 @@ MARGIN = 0.10
 
 
 @pytest.fixture(scope="module")
-def heads():
+def heads(tmp_path_factory):
     """(target, held-out prompts, {"untrained", "trained": head}) on a tiny target; the head proposes
     from 48 of its 64 tokens."""
     target, heldout, sequences = tiny_target_data()
@@ -43,7 +44,9 @@ def heads():
     torch.manual_seed(0)
     trained = new_head(target, sequences, 48, None)
     assert coverage(sequences, trained.vocab_ids) > 0.95
-    HeadTrainer(trained, target_states(target, sequences), Budget(tokens=300_000), depth=4, learning_rate=3e-3).run()
+    HeadTrainer(trained, target_states(target, sequences), Budget(tokens=300_000), depth=4, learning_rate=3e-3).run(
+        tmp_path_factory.mktemp("trained-head")
+    )
     return target, heldout, {"untrained": untrained.eval(), "trained": trained.eval()}
 
 
@@ -143,7 +146,10 @@ def test_seeded_reproducible_tokens_are_target_only_tokens():
 # -- the folder and the command -----------------------------------------------------------------------------
 
 
-FAST = ["--max-tokens", "16", "--budget", "20k", "--eval-warmup", "0", "--no-progress", "--proposer", "head"]
+FAST = [
+    *("--max-tokens", "16", "--budget", "20k", "--checkpoint-every", "5"),
+    *("--eval-warmup", "0", "--no-progress", "--proposer", "head"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +171,88 @@ def test_draft_train_head_writes_a_folder_that_draft_takes(tiny_pair, head_dir, 
     alone, with_head = run_alone_and_with_draft(target, folder, tmp_path)
     assert with_head["tokens"] == alone["tokens"]
     assert with_head["draft_tokens"] > 0
+
+
+def test_a_killed_head_run_resumes_from_its_checkpoint_to_the_same_checkpoints_and_weights(
+    tiny_pair, head_dir, tmp_path, monkeypatch
+):
+    import specq.distill.head as head_module
+    from specq.cli.draft import _Shown
+
+    target, _ = tiny_pair
+    whole, _ = head_dir
+    reads: list[int] = []  # the sequences of each read of the target's hidden states
+    read = head_module.target_states
+
+    def counted_read(target, sequences):
+        reads.append(len(sequences))
+        return read(target, sequences)
+
+    monkeypatch.setattr(head_module, "target_states", counted_read)
+    steps: list[int] = []  # the training steps taken
+    kill_at = [12]  # 2 steps after the 2nd checkpoint: those 2 steps are lost
+
+    def training(self, state, budget):
+        steps.append(state.step)
+        if state.step in kill_at:
+            kill_at.clear()
+            raise Killed
+
+    monkeypatch.setattr(_Shown, "training", training)
+    out = tmp_path / "resumed"
+    command = ["draft", "train", "--target", target, "--data", str(whole.parent / "prompts.jsonl"), "-o", str(out)]
+    with pytest.raises(Killed):
+        invoke([*command, *FAST])
+    saved = torch.load(out / WORK / CHECKPOINT, weights_only=True)
+    assert saved["state"]["step"] == 10 and saved["state"]["checkpoints"] == 2
+    steps.clear()
+    result = invoke([*command, *FAST])
+    assert result.exit_code == 0, result.output
+    assert steps[0] == 11 and len(reads) == 1  # from the checkpoint, on the hidden states the killed try read
+    trained = [json.loads((folder / WORK / "run.json").read_text())["training"] for folder in (whole, out)]
+    assert trained[1]["checkpoints"] == trained[0]["checkpoints"] >= 3
+    assert (trained[1]["step"], trained[1]["tokens"]) == (trained[0]["step"], trained[0]["tokens"])
+    # the same weights up to float rounding (the two runs' decodes batched their rows differently)
+    weights = [torch.load(folder / HEAD_WEIGHTS, weights_only=True) for folder in (whole, out)]
+    assert all(torch.allclose(weights[0][name], weights[1][name], rtol=1e-4, atol=1e-5) for name in weights[0])
+    assert not (out / WORK / CHECKPOINT).exists() and not (out / WORK / HIDDEN_STATES).exists()
+
+
+def test_a_restored_head_trainer_trains_on_exactly_as_the_uninterrupted_one(tmp_path):
+    # the checkpoint alone (weights, optimizer, the chain order's generator, order and cursor), on stored
+    # chains: 36 chain starts a epoch in batches of 8, so the kill and the resume fall inside epochs
+    target = tiny_llama(vocab=64, layers=2, hidden=64, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    chains = Chains(
+        torch.randn(40, 64, generator=generator),
+        torch.randint(0, 64, (40,), generator=generator),
+        torch.arange(9, -1, -1).repeat(4),
+    )
+    save_chains(chains, 0.5, tmp_path / "states.pt")
+
+    def trainer() -> HeadTrainer:
+        torch.manual_seed(0)
+        stored = load_chains(tmp_path / "states.pt")
+        assert stored is not None and stored[1] == 0.5
+        head = new_head(target, [], 64, None)
+        return HeadTrainer(head, stored[0], Budget(tokens=400), depth=4, batch_size=8, checkpoint_every=5)
+
+    whole = trainer()
+    (tmp_path / "whole").mkdir()
+    whole.run(tmp_path / "whole")
+
+    def kill_at_step_7(state):
+        if state.step == 7:
+            raise Killed
+
+    killed = trainer()
+    with pytest.raises(Killed):
+        killed.run(tmp_path, on_step=kill_at_step_7)
+    resumed = trainer()
+    assert resumed.restore(tmp_path) and resumed.state.step == 5
+    resumed.run(tmp_path)
+    assert resumed.state.step == whole.state.step > 10 and resumed.state.checkpoints == whole.state.checkpoints
+    assert all(torch.equal(value, resumed.head.state_dict()[name]) for name, value in whole.head.state_dict().items())
 
 
 def test_the_head_folder_round_trips(tiny_pair, head_dir):
