@@ -162,7 +162,11 @@ def draft() -> None:
 @click.option("--top-k", type=int_range(TOP_K), help="Top-k cut, 0 for none. [default: 0]")
 @click.option("--seed", type=int_range(SEED), help="Sampling seed of lines that set none.")
 @click.option(
-    "--batch-size", type=int_range(BATCH_SIZE), default=8, show_default=True, help="Rows the target decodes together."
+    "--batch-size",
+    type=int_range(BATCH_SIZE),
+    default=32,
+    show_default=True,
+    help="Rows the target decodes together (SmolLM2-135M on 2 CPU cores: 101 tokens/s at 32 rows, 75 at 8).",
 )
 @click.option("--device", help="Torch device, e.g. cpu or cuda:0. [default: cuda:0 if available, else cpu]")
 @click.option(

@@ -80,7 +80,7 @@ class DistillSettings:
     chat_template: str | None = None
     device: str | None = None
     dtype: str | None = None
-    decode_batch_size: int = 8
+    decode_batch_size: int = 32  # cli/draft.py's --batch-size says why
     budget: Budget = Budget(tokens=200_000)
     proposer: ProposerKind = "head"  # docs/draft-train.md, Measured: it beat the model at the same training time
     head_vocab: int = 8192  # V': the target's LM-head rows a head proposes from (distill/head.py)
@@ -136,7 +136,9 @@ class DistillSettings:
         """What must be the same for a run to resume another: everything that decides the weights. The
         device, dtype and the evaluation's settings may change between tries."""
         out = asdict(self)
-        for name in ("device", "dtype", "eval_batch_sizes", "num_speculative_tokens", "eval_warmup"):
+        for name in ("device", "dtype", "eval_batch_sizes", "eval_warmup"):
             out.pop(name)
+        if self.proposer == "model":  # a head trains chains K deep: K decides its weights, not a model's
+            out.pop("num_speculative_tokens")
         # as the work state keeps it (tuples as lists), so that a stored identity compares equal to it
         return json.loads(json.dumps(out))
