@@ -28,23 +28,22 @@ refuses, a backend that fails) or whose compiled logits differ from eager falls 
 warning naming it and the reason; with `on` that is a `ModelCompileError` instead. Prefills run the
 eager model (decoding/hf_model.py's `RaggedLM`), on a CPU as on CUDA: a prefill is one forward a
 request, with enough arithmetic a token to gain little compiled, and its graphs (one for each count of
-rows, of kept logits and of prompt lengths) were half a load's compiles. The sizes every job varies
-(the tokens a row a step feeds, the columns attention reads, the cache's capacity) are dynamic from a
-model's first graph (`_VARYING_SOURCES`), so a load compiles one graph a model where it compiled one
-specialised to the check's first sizes, dropped, and then the dynamic one. On the demo pair that took
-a first process from 129.8 to 65.2 CPU seconds and its start-up line from 137.7 s to 68.6 s of compile
-(one pinned thread, a busy core), with the step's gain over eager kept (1.72x and 1.61x against 1.88x
-and 1.65x, within the run-to-run spread; docs/benchmark-log/2026-12.md, "Start-up: eager prefills, one
-dynamic graph a model"). Every other graph (a step of one token behind a draft model, a draft model's
-catch-up of several, several rows) is compiled lazily, by the forward that first needs it, so a job
-never waits for graphs it does not take (`warm_up_decoding` compiles every kind up front, for a
+rows, of kept logits and of prompt lengths) were half a load's compiles. The sizes every job varies (the
+tokens a row a step feeds, the columns attention reads, the cache's capacity) are dynamic from a model's
+first graph (`_VARYING_SOURCES`), so a load compiles one graph a model where it compiled one specialised
+to the check's first sizes, dropped, and then the dynamic one. On the demo pair a first process printed
+its start-up line after 41.8 CPU seconds where it took 90.8 before, a second after 10.5 where 18.2 (one
+pinned thread; docs/benchmark-log/2026-12.md, "Start-up: eager prefills, one dynamic graph a model"),
+the step's gain over eager kept. Every other graph (a step of one token behind a draft model, a draft
+model's catch-up of several, several rows) is compiled lazily, by the forward that first needs it, so a
+job never waits for graphs it does not take (`warm_up_decoding` compiles every kind up front, for a
 benchmark that wants none of it in its clock). Everything runs in inference mode, as the engine does: a
-graph traced outside it would not serve the engine. Compiled artefacts (inductor's FX graph and
-autotune caches, AOT autograd's cache) are kept on disk in specq's data directory, in a folder per
-torch version, unless TORCHINDUCTOR_CACHE_DIR says otherwise; their keys hold the graph's code and
-torch's, so a new model or torch compiles afresh, and the next process on the machine traces its graphs
-but takes their code from the cache (demo pair: ready in 8.7 CPU seconds, the two models' graphs in
-14 s). `CompileOutcome` counts the graphs a load compiled and how many of them came from the cache.
+graph traced outside it would not serve the engine. Compiled artefacts (inductor's FX graph and autotune
+caches, AOT autograd's cache) are kept on disk in specq's data directory, in a folder per torch version,
+unless TORCHINDUCTOR_CACHE_DIR says otherwise; their keys hold the graph's code and torch's, so a new
+model or torch compiles afresh, and the next process on the machine traces its graphs but takes their
+code from the cache. `CompileOutcome` counts the graphs a load compiled and how many of them came from
+the cache.
 
 `auto` compiles on CUDA (launch-bound eager steps, where the gain is largest); on a CPU, where the gain
 depends on the model and the CPU and the compile costs a minute on a small machine, it follows the
@@ -113,9 +112,10 @@ class CompileOutcome:
         )
 
 
-# Shapes the engine feeds a model: batch rows and tokens a step (1 and more each: dynamic shapes still
-# specialise 0 and 1), prefill and step, each first static and then dynamic once it varies: a dozen or
-# two graphs, past torch's default limit of 8 for one function
+# Shapes the engine's decode steps feed a model: batch rows and tokens a step (1 and more each: dynamic
+# shapes still specialise 0 and 1), the rows first static and then dynamic once they vary, for every
+# model a process loads (ColumnsForward.forward is one function for all): past torch's default limit
+# of 8 graphs for one function
 RECOMPILE_LIMIT = 64
 
 
@@ -315,8 +315,8 @@ def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) 
 
 # The warm-up's requests: ragged prompts, most of them a random span and then that span again (so
 # prompt lookup matches, and a pair without a draft model verifies several tokens a step too), and
-# prompts of one and two tokens (a prefill that attends to one column); decoded one row at a time and
-# then three at a time, so that rows drain and new ones are admitted beside running ones
+# prompts of one and two tokens; decoded one row at a time and then three at a time, so that rows drain
+# and new ones are admitted beside running ones
 _WARM_UP_SPANS = (3, 5, 8, 4, 6, 2)
 _WARM_UP_SHORT = (1, 2)
 _WARM_UP_TOKENS = 4  # the first request's; each next one 3 more
@@ -324,10 +324,10 @@ _WARM_UP_TOKENS = 4  # the first request's; each next one 3 more
 
 def warm_up_decoding(target: Any, draft: Any, tokenizer: Tokenizer) -> float:
     """Seconds spent decoding a few requests through the engine with the (compiled) models, so that the
-    graphs of every kind of forward a job takes are made at load, not in a job's first steps: prefills
-    of one row and of several, of one prompt length and of several; steps of one token and of several,
-    over one row and several, for each model. Without it a worker's first job paid for those compiles
-    in its first steps, and the compile time reported left them out."""
+    graphs of every kind of step a job takes are made at load, not in a job's first steps: of one token
+    and of several, over one row and several, for each model (prefills run eagerly). Without it a
+    worker's first job paid for those compiles in its first steps, and the compile time reported left
+    them out."""
     from specq.decoding.config import DecodingConfig
     from specq.decoding.engine import SpeculativeEngine
 
@@ -342,18 +342,9 @@ def warm_up_decoding(target: Any, draft: Any, tokenizer: Tokenizer) -> float:
         GenerationRequest(key, tuple(prompt), SamplingParams(max_tokens=_WARM_UP_TOKENS + 3 * key, temperature=0.0))
         for key, prompt in enumerate(prompts)
     ]
-    # then rows that end at their prefill, so that two are refilled at once into a cache in use: the rows
-    # above end one at a time, and that prefill of several rows would compile a graph in a job; two of
-    # one length and two of another, as a prefill of rows of one length (decoding/prefill_groups.py)
-    # keeps one position's logits
-    alike = [torch.randint(0, vocab_size, (length,), generator=generator).tolist() for length in _WARM_UP_SHORT]
-    ended = [
-        GenerationRequest(len(requests) + key, tuple(prompt), SamplingParams(max_tokens=1, temperature=0.0))
-        for key, prompt in enumerate([short[0], alike[0], short[1], alike[1], *short])
-    ]
-    for batch_size, batch in ((1, requests), (3, requests), (2, [*ended, *requests[:2]])):
+    for batch_size in (1, 3):
         config = DecodingConfig(batch_size=batch_size, model_free=None if draft is not None else "ngram")
-        for _ in SpeculativeEngine(target, tokenizer, draft, config).generate(batch):
+        for _ in SpeculativeEngine(target, tokenizer, draft, config).generate(requests):
             pass
     return time.perf_counter() - started
 

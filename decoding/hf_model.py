@@ -204,7 +204,6 @@ class RaggedLM:
                 max=cache.capacity - 1
             )  # [n, T]
             cache.plan_extend(rows, columns, min(int(starts.max()) + width, cache.capacity))
-            return self._run(self._prefill_forward, cache, input_ids, columns, vocab_size, keep=keep)
         return self._run(self._prefill_forward, cache, input_ids, columns, vocab_size, keep=keep)
 
     def prefill_rows(
