@@ -160,7 +160,7 @@ class RaggedLM:
         self._forward = columns_forward(model)
         # a compiled model's prefills run its own module: a prefill is a request's one forward and does
         # enough arithmetic a token to gain little from a compiled graph, whose compiles (a graph for each
-        # count of rows, kept logits and prompt length, static and then dynamic) were most of a load's
+        # count of rows, kept logits and prompt length, static and then dynamic) were half a load's
         self._prefill_forward = eager_forward(model) if hasattr(model, "_orig_mod") else self._forward
         self.device = next(model.parameters()).device
         text_config = model.config.get_text_config()
