@@ -84,7 +84,7 @@ def main() -> None:
     eager = {name: build(name) for name in shapes}
     weights = {name: weight_bytes(model) for name, model in eager.items()}
     compiled, compile_s, outcomes = {}, {}, {}
-    first = {"target": FirstForwards(), "draft": FirstForwards(last_logits=False, widths=(1,))}  # as load_pair
+    first = {"target": FirstForwards(), "draft": FirstForwards(widths=(1,))}  # as load_pair
     for name, model in eager.items():
         compiled[name], outcomes[name] = compile_model(model, name, "on", backend=args.backend, first=first[name])
         compile_s[name] = outcomes[name].seconds

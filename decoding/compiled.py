@@ -6,15 +6,15 @@ launches), not arithmetic: gpt-fast and vLLM decode through compiled graphs for 
 whole forward is compiled, from the cache columns of a step's tokens to its logits (the attention masks
 and position ids too: decoding/hf_model.py's `ColumnsForward`); on a CPU with SPECQ_COMPILE_REGIONS=1,
 the model's repeated decoder layer instead, once for all its layers (decoding/compiled_regions.py: a
-compile of one layer's cost whatever the depth, for a step that gains much less). Either way with
-torch's automatic dynamic shapes:
-a graph is specialised to the shapes it first sees, and a dimension turns symbolic once it has varied
-(the rows as a batch drains, the k + 1 tokens a step verifies, the columns attention reads), so the
-engine's ragged batches reuse a few graphs instead of compiling one per shape, while a dimension that
-never varies (the one row of a batch-1 job) keeps static kernels. On the 2-core CPU that made a decode
-step 2-10% faster than compiling every dimension dynamic (`python benchmarks/compile_shapes.py`,
-docs/benchmark-log/2026-12.md, "Compiled forwards"). The per-row cache (decoding/kv_cache.py) and its
-rollback are unchanged.
+compile of one layer's cost whatever the depth, for a step that gains much less). The whole forward
+is compiled with dynamic shapes where they vary: the k + 1 tokens a step verifies, the columns attention
+reads and the cache's capacity from a model's first graph (every job varies them), the rows once they
+have varied (a batch draining: torch's automatic dynamic shapes, which the regional compile takes for
+every dimension), so the engine's ragged batches reuse a few graphs instead of compiling one per shape,
+while a dimension that never varies (the one row of a batch-1 job) keeps static kernels. On the 2-core
+CPU that made a decode step 2-10% faster than compiling every dimension dynamic (`python
+benchmarks/compile_shapes.py`, docs/benchmark-log/2026-12.md, "Compiled forwards"). The per-row cache
+(decoding/kv_cache.py) and its rollback are unchanged.
 
 On CUDA (inductor) the forward is compiled with CUDA graphs too (`mode="reduce-overhead"`): an eager
 step there is launch-bound, and a graph replays the whole forward in one launch. A graph is recorded
@@ -22,19 +22,28 @@ for each concrete shape, so a model compiled so decodes on static shapes (decodi
 a few row counts, KV capacities and widths, recorded once each, with its prefills eager.
 SPECQ_CUDA_GRAPHS=0 compiles without them (an escape hatch; the shapes are then as on a CPU).
 
-Start-up: a load compiles what every job runs first, a ragged prefill and a decode step, run through
-the compiled and the eager model on the engine's own cache: a model that does not compile (an operator
-the compiler refuses, a backend that fails) or whose compiled logits differ from eager falls back to
-eager with one warning naming it and the reason; with `on` that is a `ModelCompileError` instead. Every
-other graph is compiled lazily, by the forward that first needs it, so a job never waits for graphs it
-does not take (`warm_up_decoding` compiles every kind up front, for a benchmark that wants none of it
-in its clock). Everything runs in inference mode, as the engine does: a graph traced outside it would
-not serve the engine. Compiled artefacts (inductor's FX graph and autotune caches, AOT autograd's cache,
-dynamo's record of which dimensions vary) are kept on disk in specq's data directory, in a folder per
-torch version, unless TORCHINDUCTOR_CACHE_DIR says otherwise; their keys hold the graph's code and
-torch's, so a new model or torch compiles afresh, and the next process on the machine traces its graphs
-but takes their code from the cache. `CompileOutcome` counts the graphs a load compiled and how many of
-them came from the cache.
+Start-up: a load compiles what every job runs first, a decode step of each model, and checks it against
+the eager model on the engine's own cache: a model that does not compile (an operator the compiler
+refuses, a backend that fails) or whose compiled logits differ from eager falls back to eager with one
+warning naming it and the reason; with `on` that is a `ModelCompileError` instead. Prefills run the
+eager model (decoding/hf_model.py's `RaggedLM`), on a CPU as on CUDA: a prefill is one forward a
+request, with enough arithmetic a token to gain little compiled, and its graphs (one for each count of
+rows, of kept logits and of prompt lengths) were half a load's compiles. The sizes every job varies (the
+tokens a row a step feeds, the columns attention reads, the cache's capacity) are dynamic from a model's
+first graph (`_VARYING_SOURCES`), so a load compiles one graph a model where it compiled one specialised
+to the check's first sizes, dropped, and then the dynamic one. On the demo pair a first process printed
+its start-up line after 41.8 CPU seconds where it took 90.8 before, a second after 10.5 where 18.2 (one
+pinned thread; docs/benchmark-log/2026-12.md, "Start-up: eager prefills, one dynamic graph a model"),
+the step's gain over eager kept. Every other graph (a step of one token behind a draft model, a draft
+model's catch-up of several, several rows) is compiled lazily, by the forward that first needs it, so a
+job never waits for graphs it does not take (`warm_up_decoding` compiles every kind up front, for a
+benchmark that wants none of it in its clock). Everything runs in inference mode, as the engine does: a
+graph traced outside it would not serve the engine. Compiled artefacts (inductor's FX graph and autotune
+caches, AOT autograd's cache) are kept on disk in specq's data directory, in a folder per torch version,
+unless TORCHINDUCTOR_CACHE_DIR says otherwise; their keys hold the graph's code and torch's, so a new
+model or torch compiles afresh, and the next process on the machine traces its graphs but takes their
+code from the cache. `CompileOutcome` counts the graphs a load compiled and how many of them came from
+the cache.
 
 `auto` compiles on CUDA (launch-bound eager steps, where the gain is largest); on a CPU, where the gain
 depends on the model and the CPU and the compile costs a minute on a small machine, it follows the
@@ -103,9 +112,10 @@ class CompileOutcome:
         )
 
 
-# Shapes the engine feeds a model: batch rows and tokens a step (1 and more each: dynamic shapes still
-# specialise 0 and 1), prefill and step, each first static and then dynamic once it varies: a dozen or
-# two graphs, past torch's default limit of 8 for one function
+# Shapes the engine's decode steps feed a model: batch rows and tokens a step (1 and more each: dynamic
+# shapes still specialise 0 and 1), the rows first static and then dynamic once they vary, for every
+# model a process loads (ColumnsForward.forward is one function for all): past torch's default limit
+# of 8 graphs for one function
 RECOMPILE_LIMIT = 64
 
 
@@ -163,6 +173,8 @@ def compile_model(
         if layers is not None:  # one decoder layer's graphs, run by every layer (decoding/compiled_regions.py)
             compiled = RegionalForward(model, layers, backend)
         else:  # the forward from cache columns: its masks and position ids are built inside the graph
+            if not cuda_graphs:  # CUDA graphs record a graph per static shape (decoding/static_shapes.py)
+                _dynamic_from_the_start()
             compiled = torch.compile(
                 ColumnsForward(model), backend=backend, mode="reduce-overhead" if cuda_graphs else None
             )
@@ -245,14 +257,13 @@ def _compile_counts() -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class FirstForwards:
-    """The forwards a job runs first through a model, which a load compiles (and checks): a prefill of
-    `rows` rows, keeping each row's last logits (the target) or none (a draft model), then decode steps
+    """The forwards a job runs first through a model, which a load compiles (and checks): after an eager
+    prefill of `rows` rows (a compiled model's prefills run eagerly: decoding/hf_model.py), decode steps
     of each of `widths` tokens a row (a target verifying k + 1 tokens behind a draft model: 2 and more,
     one graph; alone: 1; a draft model: 1). Widths 1 and 2 and more are graphs apart (dynamic shapes
     specialise 1), as are one row and several. Other shapes compile when a job first takes them."""
 
     rows: int = 1
-    last_logits: bool = True
     widths: tuple[int, ...] = (2,)
 
     def __post_init__(self) -> None:
@@ -270,10 +281,9 @@ def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) 
     """Run `first`'s forwards through both (each compiled step until it replays a recorded graph, on the
     same inputs and cache columns each time); what differs, or None.
 
-    Each forward runs twice, at two prompt lengths, cache lengths and capacities: a graph is specialised
-    to the sizes it first sees and made dynamic where they vary, so the second of each is the graph a
-    job's prefills and steps then take. The first is compiled and dropped; a process after the first
-    (dynamo keeps on disk which sizes varied) compiles the dynamic graphs straight away."""
+    Each step runs twice, after (eager) prefills of two prompt lengths, at two cache lengths and
+    capacities: the sizes a job varies are dynamic from a model's first graph (`_VARYING_SOURCES`), so
+    the second run checks the one graph at other sizes, and compiles nothing."""
     outputs = []
     for calls, candidate in ((1, model), (_CHECKED_CALLS, compiled)):
         lm = RaggedLM(candidate, static=is_cuda_graphed(compiled))
@@ -285,10 +295,7 @@ def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) 
             cache = lm.new_cache(rows=first.rows, capacity=_PROMPT + sum(first.widths) + room)
             lengths = np.full(first.rows, _PROMPT - shorter)
             lengths[1:] -= 1  # ragged where there are rows to be so: right-padded prompts
-            logits, _ = lm.prefill_rows(
-                cache, np.arange(first.rows), prompts, lengths, lm.vocab_size, last_logits=first.last_logits
-            )
-            got += [] if logits is None else [logits.float()]  # [rows, V]
+            lm.prefill_rows(cache, np.arange(first.rows), prompts, lengths, lm.vocab_size)  # eager (RaggedLM)
             start = _PROMPT - shorter  # past the longest prompt
             for width in first.widths:
                 columns = start + torch.arange(width, device=lm.device).expand(first.rows, width).contiguous()
@@ -298,7 +305,7 @@ def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) 
                 start += width
         outputs.append(got)
     tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    names = (["prefill"] * first.last_logits + [f"{width}-token step" for width in first.widths]) * 2
+    names = [f"{width}-token step" for width in first.widths] * 2
     for what, eager, mine in zip(names, *outputs, strict=True):
         gap = float((eager - mine).abs().max())
         if not gap <= tolerance:  # NaN too
@@ -308,8 +315,8 @@ def _check_first_forwards(model: CausalLM, compiled: Any, first: FirstForwards) 
 
 # The warm-up's requests: ragged prompts, most of them a random span and then that span again (so
 # prompt lookup matches, and a pair without a draft model verifies several tokens a step too), and
-# prompts of one and two tokens (a prefill that attends to one column); decoded one row at a time and
-# then three at a time, so that rows drain and new ones are admitted beside running ones
+# prompts of one and two tokens; decoded one row at a time and then three at a time, so that rows drain
+# and new ones are admitted beside running ones
 _WARM_UP_SPANS = (3, 5, 8, 4, 6, 2)
 _WARM_UP_SHORT = (1, 2)
 _WARM_UP_TOKENS = 4  # the first request's; each next one 3 more
@@ -317,10 +324,10 @@ _WARM_UP_TOKENS = 4  # the first request's; each next one 3 more
 
 def warm_up_decoding(target: Any, draft: Any, tokenizer: Tokenizer) -> float:
     """Seconds spent decoding a few requests through the engine with the (compiled) models, so that the
-    graphs of every kind of forward a job takes are made at load, not in a job's first steps: prefills
-    of one row and of several, of one prompt length and of several; steps of one token and of several,
-    over one row and several, for each model. Without it a worker's first job paid for those compiles
-    in its first steps, and the compile time reported left them out."""
+    graphs of every kind of step a job takes are made at load, not in a job's first steps: of one token
+    and of several, over one row and several, for each model (prefills run eagerly). Without it a
+    worker's first job paid for those compiles in its first steps, and the compile time reported left
+    them out."""
     from specq.decoding.config import DecodingConfig
     from specq.decoding.engine import SpeculativeEngine
 
@@ -335,43 +342,11 @@ def warm_up_decoding(target: Any, draft: Any, tokenizer: Tokenizer) -> float:
         GenerationRequest(key, tuple(prompt), SamplingParams(max_tokens=_WARM_UP_TOKENS + 3 * key, temperature=0.0))
         for key, prompt in enumerate(prompts)
     ]
-    # then rows that end at their prefill, so that two are refilled at once into a cache in use: the rows
-    # above end one at a time, and that prefill of several rows would compile a graph in a job; two of
-    # one length and two of another, as a prefill of rows of one length (decoding/prefill_groups.py)
-    # keeps one position's logits
-    alike = [torch.randint(0, vocab_size, (length,), generator=generator).tolist() for length in _WARM_UP_SHORT]
-    ended = [
-        GenerationRequest(len(requests) + key, tuple(prompt), SamplingParams(max_tokens=1, temperature=0.0))
-        for key, prompt in enumerate([short[0], alike[0], short[1], alike[1], *short])
-    ]
-    for batch_size, batch in ((1, requests), (3, requests), (2, [*ended, *requests[:2]])):
+    for batch_size in (1, 3):
         config = DecodingConfig(batch_size=batch_size, model_free=None if draft is not None else "ngram")
-        for _ in SpeculativeEngine(target, tokenizer, draft, config).generate(batch):
+        for _ in SpeculativeEngine(target, tokenizer, draft, config).generate(requests):
             pass
-    for model in (target, draft):
-        if model is not None:
-            _warm_up_prefill_groups(RaggedLM(model), generator)
     return time.perf_counter() - started
-
-
-# A prefill's rows run in groups of similar length, split by the measured cost of a forward
-# (decoding/prefill_groups.py), so which groups a job's prefills take varies from run to run: every kind,
-# (rows, their prompt lengths), as the first prefill into a new cache and into one in use, keeping the
-# rows' last logits (the target) or none (the draft model)
-_GROUP_SHAPES = ((1, (1,)), (1, (3,)), (2, (1, 1)), (2, (3, 3)), (2, (2, 3)))
-
-
-def _warm_up_prefill_groups(lm: RaggedLM, generator: torch.Generator) -> None:
-    with torch.inference_mode():
-        for last_logits in (True, False):
-            for first in _GROUP_SHAPES:
-                cache = lm.new_cache(2, 16)
-                for rows, lengths in (first, *_GROUP_SHAPES):
-                    lengths_h = np.array(lengths)
-                    ids = torch.randint(0, lm.vocab_size, (rows, int(lengths_h.max())), generator=generator)
-                    lm.prefill_rows(
-                        cache, np.arange(rows), ids.to(lm.device), lengths_h, lm.vocab_size, last_logits=last_logits
-                    )
 
 
 _TIMED_CONTEXT = 64  # tokens in the cache a timed step attends to
@@ -396,7 +371,9 @@ def _timed_steps(candidates: tuple[Any, ...], rows: int, width: int) -> list[Cal
     static = any(is_cuda_graphed(candidate) for candidate in candidates)  # one cache, static for all
     lms = [RaggedLM(candidate, static=static) for candidate in candidates]
     eager = lms[0]
-    cache = eager.new_cache(rows=rows, capacity=_TIMED_CONTEXT + width)
+    # room past the step's columns, as a job's cache has and the check's had: a step that reads a whole
+    # cache buffer is a graph of its own (a whole buffer is contiguous, a part of one is not)
+    cache = eager.new_cache(rows=rows, capacity=2 * _TIMED_CONTEXT)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, eager.vocab_size, (rows, _TIMED_CONTEXT), generator=generator).to(eager.device)
     eager.prefill(cache, torch.arange(rows, device=eager.device), prompts, eager.vocab_size, keep=1)
@@ -431,14 +408,40 @@ def _allow_a_graph_per_static_shape() -> None:
         triton.cudagraph_dynamic_shape_warn_limit = max(limit, _STATIC_SHAPES_RECORDED)
 
 
+# The sizes every job varies, as dynamo names them in ColumnsForward.forward: the tokens a row a step
+# feeds (a target verifies k + 1, k chosen step by step), the columns attention reads and the cache's
+# capacity (each layer's keys and values, dimension 2). Dynamic from a model's first graph, a decode
+# step is one graph where it was two (one specialised to the first sizes seen, then the dynamic one:
+# torch's record of what varied is kept on disk only under a job id), and a job whose k + 1 differs
+# from the load's takes the load's graph. Rows still start static, so a batch-1 job keeps kernels for
+# its one row; a width of 1 (a draft model's step) is a graph of its own, as dynamo specialises 1.
+_VARYING_SOURCES = (
+    r"L\['input_ids'\]:1",
+    r"L\['columns'\]:1",
+    r"L\['kv_length'\]",
+    r"L\['cache'\]\.plan\.kv_length",
+    r"L\['cache'\]\.layers\[\d+\]\.keys:2",
+    r"L\['cache'\]\.layers\[\d+\]\.values:2",
+)
+
+
+def _dynamic_from_the_start() -> None:
+    """`_VARYING_SOURCES` marked dynamic for every graph this process traces (beside any the user set)."""
+    import torch.compiler.config
+
+    config = torch.compiler.config
+    chosen = [source for source in config.dynamic_sources.split(",") if source.strip()]
+    config.dynamic_sources = ",".join(dict.fromkeys([*chosen, *_VARYING_SOURCES]))
+
+
 def _cuda_graphs_wanted() -> bool:
     """CUDA graphs on CUDA unless SPECQ_CUDA_GRAPHS=0: an escape hatch, should a model's graphs misbehave."""
     return os.environ.get("SPECQ_CUDA_GRAPHS", "1") != "0"
 
 
 def _cache_compiled_artefacts() -> None:
-    """Inductor's caches (and dynamo's record of which dimensions vary) in specq's data directory, a
-    folder per torch version: a new torch starts afresh, and the old folder can be deleted whole."""
+    """Inductor's and AOT autograd's caches in specq's data directory, a folder per torch version: a new
+    torch starts afresh, and the old folder can be deleted whole."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     # torch writes its own default into the environment the first time it looks: only a folder that

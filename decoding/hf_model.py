@@ -151,25 +151,23 @@ class RaggedLM:
     """One causal LM driven through a `RaggedKVCache`; logits come back padded to a shared vocabulary.
 
     With `static` shapes (decoding/static_shapes.py; always for a model compiled with CUDA graphs) a
-    step's attention reads the cache's whole capacity, and prefills run the eager forward."""
+    step's attention reads the cache's whole capacity. A compiled model's prefills run its eager forward."""
 
     def __init__(self, model: CausalLM, static: bool = False) -> None:
         self.model = model
         self.cuda_graphed = is_cuda_graphed(model)
         self.static = static or self.cuda_graphed
         self._forward = columns_forward(model)
-        eager = eager_forward(model) if hasattr(model, "_orig_mod") else self._forward
-        # a compiled model's own module: a prompt of each length would otherwise be a graph of its own
-        self._prefill_forward = eager if self.static else self._forward
-        # a prefill after a held head (admission, not the decode loop) would be graphs of its own, one for
-        # each count of rows and of logits kept: it runs eagerly
-        self._extend_forward = eager
+        # a compiled model's prefills run its own module: a prefill is a request's one forward and does
+        # enough arithmetic a token to gain little from a compiled graph, whose compiles (a graph for each
+        # count of rows, kept logits and prompt length, static and then dynamic) were half a load's
+        self._prefill_forward = eager_forward(model) if hasattr(model, "_orig_mod") else self._forward
         self.device = next(model.parameters()).device
         text_config = model.config.get_text_config()
         self.num_layers: int = text_config.num_hidden_layers
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
-        self.max_context: int = eager.max_context
-        self.keeps_logits: bool = eager.keeps_logits
+        self.max_context: int = self._prefill_forward.max_context
+        self.keeps_logits: bool = self._prefill_forward.keeps_logits
         self.prefill_cost = PrefillCost(self.device)
         # the tap a draft head reads the model's final hidden states by (decoding/draft_head.py): after
         # `prefill_rows` it holds those of each row's last position, as its logits are returned
@@ -206,7 +204,6 @@ class RaggedLM:
                 max=cache.capacity - 1
             )  # [n, T]
             cache.plan_extend(rows, columns, min(int(starts.max()) + width, cache.capacity))
-            return self._run(self._extend_forward, cache, input_ids, columns, vocab_size, keep=keep)
         return self._run(self._prefill_forward, cache, input_ids, columns, vocab_size, keep=keep)
 
     def prefill_rows(

@@ -315,7 +315,7 @@ def load_pair(
         widths = (2,) if draft_model is not None else (1,)
         pair.target = compiled_role("target", target_model, target, FirstForwards(first_rows, widths=widths))
         if draft_model is not None and draft is not None:
-            first = FirstForwards(first_rows, last_logits=False, widths=(1,))
+            first = FirstForwards(first_rows, widths=(1,))
             pair.draft = compiled_role("draft", draft_model, draft, first)
         if warm_up and any(outcome.compiled for outcome in pair.compiled.values()):
             pair.warm_up_s = warm_up_decoding(pair.target, pair.draft, tokenizer)
