@@ -42,6 +42,7 @@ def docstrings(methods: bool = False) -> list[tuple[str, str]]:
         module = ".".join(parts)
         public = [node for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)]
         public = [node for node in public if not node.name.startswith("_")]
+        named: list[tuple[str, ast.Module | ast.FunctionDef | ast.ClassDef]]
         if methods:
             named = [
                 (f"{module}.{node.name}.{method.name}", method)
