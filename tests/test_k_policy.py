@@ -247,6 +247,29 @@ def test_it_does_not_rest_where_the_offers_cost_next_to_nothing():
     assert not policy.wants_offers(1)
 
 
+def test_a_hybrid_rests_by_its_lookups_time_not_its_plans():
+    # the hybrid's offers (lookups and plan) cost 2% of a plain step, its lookups alone 0.5%: resting
+    # would save the plan's time and lose the lookups' matches, so it keeps asking; a plain proposer
+    # whose offers cost the same 2% rests
+    def resting_policy(lookup_s: float | None) -> SpeculationPolicy:
+        policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
+        for width in range(1, 6):
+            for _ in range(3):
+                policy.observe_step(1, width - 1, 0.0, 0.010 * width, 0.010 * width + 0.0002, t_offer=0.0002)
+        for _ in range(50):
+            policy.observe_acceptance(np.array([0]), np.array([4]), np.array([1]))  # rarely accepted
+        if lookup_s is not None:
+            mix = policy.best_mix(1, np.array([4]), np.array([0]), np.array([1]))
+            for _ in range(3):
+                policy.observe_lookups(1, lookup_s, mix)
+        assert policy.choose(1, 4, np.array([4]), np.array([1])) == 0
+        return policy
+
+    assert not resting_policy(None).wants_offers(1)
+    assert resting_policy(0.00005).wants_offers(1)
+    assert not resting_policy(0.00015).wants_offers(1)  # lookups over the line: it rests, as before
+
+
 def test_the_offers_time_is_charged_to_speculating_only():
     # verification is flat and cheap; the offers (a suffix-index walk) cost as much as a verify: a plain
     # step does not make them, so speculation must earn them back
