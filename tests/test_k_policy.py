@@ -231,15 +231,22 @@ def test_after_choosing_no_speculation_it_rests_without_offers_until_the_next_pr
     assert SpeculationPolicy(4, fixed=True).wants_offers(16)
 
 
-def test_it_does_not_rest_where_the_offers_cost_next_to_nothing():
-    # k = 0 wins, but a lookup costs 0.1 ms against a 10 ms plain step: resting would save nothing and
-    # miss the matches that come up before the next probe
+def _policy_where_plain_wins(offers_s: float) -> SpeculationPolicy:
+    """A batch-1 policy whose plain step takes 10 ms (a width w verify w times that), whose offers take
+    `offers_s`, and whose one row's lookups are rarely accepted: k = 0 is its choice."""
     policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
     for width in range(1, 6):
         for _ in range(3):
-            policy.observe_step(1, width - 1, 0.0, 0.010 * width, 0.010 * width + 0.00005, t_offer=0.00005)
+            policy.observe_step(1, width - 1, 0.0, 0.010 * width, 0.010 * width + offers_s, t_offer=offers_s)
     for _ in range(50):
         policy.observe_acceptance(np.array([0]), np.array([4]), np.array([1]))  # rarely accepted
+    return policy
+
+
+def test_it_does_not_rest_where_the_offers_cost_next_to_nothing():
+    # k = 0 wins, but a lookup costs 0.05 ms against a 10 ms plain step: resting would save nothing and
+    # miss the matches that come up before the next probe
+    policy = _policy_where_plain_wins(0.00005)
     assert policy.choose(1, 4, np.array([4]), np.array([1])) == 0
     assert all(policy.wants_offers(1) for _ in range(3))
     for _ in range(15):  # the offers now cost a tenth of a plain step: it rests
@@ -252,12 +259,7 @@ def test_a_hybrid_rests_by_its_lookups_time_not_its_plans():
     # would save the plan's time and lose the lookups' matches, so it keeps asking; a plain proposer
     # whose offers cost the same 2% rests
     def resting_policy(lookup_s: float | None) -> SpeculationPolicy:
-        policy = SpeculationPolicy(4, fixed=False, probe_interval=16)
-        for width in range(1, 6):
-            for _ in range(3):
-                policy.observe_step(1, width - 1, 0.0, 0.010 * width, 0.010 * width + 0.0002, t_offer=0.0002)
-        for _ in range(50):
-            policy.observe_acceptance(np.array([0]), np.array([4]), np.array([1]))  # rarely accepted
+        policy = _policy_where_plain_wins(0.0002)
         if lookup_s is not None:
             mix = policy.best_mix(1, np.array([4]), np.array([0]), np.array([1]))
             for _ in range(3):
