@@ -3,12 +3,15 @@ acceptance on held-out ones as it trains, without the engine, so that data sizes
 compared in minutes.
 
     python benchmarks/head_pilots.py --target T --sequences DIR/.specq-draft/sequences.jsonl \\
-        [--train 936] [--heldout 64] [--chain-tokens 500k] [--intermediate 2304] [--threads 1]
+        [--train 936] [--heldout 64] [--chain-tokens 500k] [--intermediate 2304] [--feature-weight 0]
+        [--threads 1] [--states-cache STATES.pt] [--save HEAD_DIR]
 
 SEQUENCES is a `specq draft train` work folder's decoded completions (kept there after the run). The
 acceptance is simulated greedy verification at K = 4 along each held-out completion: from its first
 token the head drafts K tokens from the target's hidden state, the leading ones equal to the
 completion's are accepted, the target's next token follows, and so on; accepted over drafted.
+`--states-cache` keeps the hidden states read (in fp32) for the next pilot on the same split;
+`--save` writes the trained head as `--draft` takes it, for the engine's own measurement.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--every", type=int, default=200, help="steps between measurements")
+    parser.add_argument("--feature-weight", type=float, default=None, help="[default: the trainer's]")
+    parser.add_argument("--states-cache", type=Path, default=None, help="keep the hidden states read here")
+    parser.add_argument("--save", type=Path, default=None, help="write the trained head here, as `--draft` takes it")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -55,7 +61,12 @@ def main() -> None:
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     started = time.perf_counter()
-    measured_on, chains = target_states(target, heldout), target_states(target, trained)
+    if args.states_cache and args.states_cache.exists():
+        measured_on, chains = torch.load(args.states_cache, weights_only=False)
+    else:
+        measured_on, chains = target_states(target, heldout), target_states(target, trained)
+        if args.states_cache:
+            torch.save((measured_on, chains), args.states_cache)
     print(
         f"hidden states: {chains.tokens.numel()} trained on, {measured_on.tokens.numel()} held out, "
         f"{time.perf_counter() - started:.0f}s",
@@ -63,7 +74,8 @@ def main() -> None:
     )
     head = new_head(target, trained, args.vocab, args.intermediate)
     budget = Budget.parse(args.chain_tokens)
-    trainer = HeadTrainer(head, chains, budget, depth=args.k, learning_rate=args.learning_rate)
+    weighted = {} if args.feature_weight is None else {"feature_weight": args.feature_weight}
+    trainer = HeadTrainer(head, chains, budget, depth=args.k, learning_rate=args.learning_rate, **weighted)
 
     @torch.no_grad()
     def acceptance() -> float:
@@ -96,6 +108,12 @@ def main() -> None:
                 f"step {trainer.state.step} {time.perf_counter() - started:.0f}s acceptance {acceptance():.3f}",
                 flush=True,
             )
+    if args.save:
+        from specq.models.loading import load_tokenizer
+
+        head.eval()
+        head.save(args.save)
+        load_tokenizer(args.target).save_pretrained(args.save)
 
 
 if __name__ == "__main__":

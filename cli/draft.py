@@ -333,6 +333,16 @@ class _Shown:
             self.decode_bar.__exit__()
             self.decode_bar = None
 
+    def reading(self, done: int, total: int, tokens: int) -> None:
+        if self.decode_bar is None:
+            self.decode_bar = ProgressBar("target reads hidden states", total, self.show).__enter__()
+            self.decode_started = time.perf_counter()
+        elapsed = max(time.perf_counter() - self.decode_started, 1e-9)
+        self.decode_bar.update(done, tokens / elapsed, None)
+        if done == total:
+            self.decode_bar.__exit__()
+            self.decode_bar = None
+
     def training(self, state: TrainState, budget: Budget) -> None:
         total, done = (
             (float(budget.tokens), float(state.tokens))

@@ -4,7 +4,8 @@ The head reads the target's final hidden states, so its data is one target forwa
 sequence (prompt and completion; no decode again): the hidden state at every position that predicted
 a completion token. A training example is a chain from one such position j: the state there, then
 the completion's tokens fed in turn, each step trained (cross-entropy) to predict the target's next
-token, up to `depth` steps: exactly the path greedy verification accepts (teacher forcing). Every
+token, up to `depth` steps: exactly the path greedy verification accepts (teacher forcing), and its
+state drawn towards the target's own state there (EAGLE's feature loss, `FEATURE_WEIGHT`). Every
 position of every completion starts a chain, so 1,000 completions of 128 tokens give 128,000.
 
 The vocabulary V' the head proposes from: the tokens of the completions by frequency, then the
@@ -17,7 +18,8 @@ forward over the sequences counts in the seconds, since the draft model does not
 A run checkpoints and resumes as the draft model's does (distill/trainer.py CheckpointedTraining):
 the checkpoint holds the head's weights, the optimizer, the chain order's generator, the epoch's order
 and its cursor, so a resumed run takes the very chains the uninterrupted one would. The hidden states
-are read once and kept in the work folder (`save_chains`), in bf16: half of fp32's size (SmolLM2's
+are read once and kept in the work folder (`read_chains`: part by part as the target reads them, so a
+kill mid-read loses one part, then whole), in bf16: half of fp32's size (SmolLM2's
 576-wide states take 1.2 KB a position, 58 MB for 50,000) and what a CUDA target in bf16 computes
 anyway; every run trains on the stored (rounded) states, read back or not, so a resumed run trains on
 what the uninterrupted one did.
@@ -26,6 +28,7 @@ what the uninterrupted one did.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -40,6 +43,12 @@ from specq.distill.settings import Budget
 from specq.distill.trainer import CheckpointedTraining, TrainState, learning_rate, save_atomically
 
 HEAD_BATCH = 256  # chains a step: the head is small, so a step is cheap and many chains keep it steady
+# EAGLE's feature loss beside the tokens' (Li et al. 2024): each step's state is also drawn to the
+# target's own state at that position (smooth L1, a position's mean over the width, weighted so). On
+# SmolLM2-135M's 1,000-prompt completions it raised simulated acceptance at K = 4 from 0.253 to 0.268
+# (512 steps) and 0.262 to 0.279 (1,024); weights 0.3 and 3 gave 0.255 and 0.265 (docs/draft-train.md)
+FEATURE_WEIGHT = 1.0
+READ_PART = 64  # sequences a stored part of the hidden states holds: what a kill mid-read reads again
 STORED_STATES_DTYPE = torch.bfloat16  # the module's docstring says why
 
 
@@ -91,14 +100,19 @@ def target_states(
     target: Any, sequences: Sequence[Decoded], on_sequence: Callable[[int], None] = lambda done: None
 ) -> Chains:
     """One target forward over each sequence: the final hidden states at its completion-predicting
-    positions (what the target's LM head read when it chose each completion token)."""
+    positions (what the target's LM head read when it chose each completion token); no chain at all
+    where no sequence has both a prompt and a completion."""
     device = next(target.parameters()).device
-    states, tokens, left, top_ids, top_logprobs = [], [], [], [], []
+    hidden_size = int(target.get_input_embeddings().weight.shape[1])
+    states = [torch.zeros(0, hidden_size)]
+    tokens, left = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, dtype=torch.int64)]
+    top_ids, top_logprobs, kept = [], [], 0
     base = target.base_model
     for done, sequence in enumerate(sequences, 1):
         count = len(sequence.completion)
         if not sequence.prompt or count == 0:
             continue
+        kept += 1
         ids = torch.tensor([sequence.token_ids], device=device)
         hidden = base(input_ids=ids).last_hidden_state[0]  # [T, H] after the final norm
         states.append(hidden[len(sequence.prompt) - 1 : len(sequence.token_ids) - 1].float().cpu())
@@ -108,10 +122,56 @@ def target_states(
             top_ids.append(torch.tensor(sequence.top_ids, dtype=torch.int64))
             top_logprobs.append(torch.tensor(sequence.top_logprobs, dtype=torch.float32))
         on_sequence(done)
-    if not states:
-        raise ValueError("no training sequence has both a prompt and a completion")
-    tops = (torch.cat(top_ids), torch.cat(top_logprobs)) if len(top_ids) == len(states) else (None, None)
+    tops = (torch.cat(top_ids), torch.cat(top_logprobs)) if kept and len(top_ids) == kept else (None, None)
     return Chains(torch.cat(states), torch.cat(tokens), torch.cat(left), *tops)
+
+
+def joined(parts: Sequence[Chains]) -> Chains:
+    """The chains of consecutive parts as one; the recorded top tokens only where every part with a
+    chain has them."""
+    held = [part for part in parts if part.tokens.numel()]
+    with_tops = held and all(part.top_ids is not None for part in held)
+    return Chains(
+        torch.cat([part.states for part in parts]),
+        torch.cat([part.tokens for part in parts]),
+        torch.cat([part.left for part in parts]),
+        torch.cat([part.top_ids for part in held]) if with_tops else None,  # type: ignore[misc]
+        torch.cat([part.top_logprobs for part in held]) if with_tops else None,  # type: ignore[misc]
+    )
+
+
+def read_chains(
+    target: Any,
+    sequences: Sequence[Decoded],
+    path: Path,
+    on_progress: Callable[[int, int, int], None] = lambda done, total, tokens: None,
+) -> tuple[Chains, float]:
+    """The chains of `sequences` and the target's seconds reading them, stored in `path` (`save_chains`).
+    The target reads them READ_PART sequences at a time, each part stored beside `path` as it is read,
+    so a read killed midway resumes at its first missing part; the parts go once `path` is written.
+    `on_progress(sequences read, all, tokens this try read)` after each part."""
+    parts, read_s, tokens = [], 0.0, 0
+    on_progress(0, len(sequences), 0)
+    part_paths = [path.with_name(f"{path.stem}.part{n:05d}.pt") for n in range(math.ceil(len(sequences) / READ_PART))]
+    for number, part_path in enumerate(part_paths):
+        stored = load_chains(part_path)
+        if stored is None:
+            started = time.perf_counter()
+            part = sequences[number * READ_PART : (number + 1) * READ_PART]
+            chains = target_states(target, part)
+            seconds = time.perf_counter() - started
+            tokens += sum(len(sequence.token_ids) for sequence in part)
+            stored = save_chains(chains, seconds, part_path), seconds
+        parts.append(stored[0])
+        read_s += stored[1]
+        on_progress(min((number + 1) * READ_PART, len(sequences)), len(sequences), tokens)
+    whole = joined(parts)
+    if whole.tokens.numel() == 0:
+        raise ValueError("no training sequence has both a prompt and a completion")
+    save_chains(whole, read_s, path)
+    for part_path in part_paths:
+        part_path.unlink()
+    return whole, read_s
 
 
 def save_chains(chains: Chains, read_s: float, path: Path) -> Chains:
@@ -147,11 +207,13 @@ class HeadTrainer(CheckpointedTraining):
         elapsed_s: float = 0.0,
         soft: bool = True,
         checkpoint_every: int = 50,
+        feature_weight: float = FEATURE_WEIGHT,
     ) -> None:
         self.head, self.chains, self.budget, self.depth = head, chains, budget, depth
         self.checkpoint_every = checkpoint_every
         self.learning_rate, self.batch_size = learning_rate, batch_size
         self.soft = soft  # on the recorded top tokens where there are (distillation), else on the chosen token
+        self.feature_weight = feature_weight  # FEATURE_WEIGHT says why; 0: the tokens' loss alone
         self.starts = chains.starts
         if self.starts.numel() == 0:
             raise ValueError("no completion is two tokens long: nothing to train the head on")
@@ -211,6 +273,12 @@ class HeadTrainer(CheckpointedTraining):
             logits = head.logits(state[trained.to(device)]).float()  # [m, V']
             at = (starts + i)[trained]  # [m] the positions whose tokens these logits predict
             losses.append(self._loss(logits, at, wanted[trained]))
+            if self.feature_weight:  # the target's state at the position this step's state stands for
+                wanted_state = chains.states[(starts + i)[valid]].to(device, torch.float32)
+                distance = torch.nn.functional.smooth_l1_loss(
+                    state[valid.to(device)].float(), wanted_state, reduction="none"
+                )
+                losses.append(self.feature_weight * distance.mean(dim=-1).sum())
             counted += int(trained.sum())
         if not losses:  # every chain's first token outside the head's vocabulary: a step, with no update
             self.state.step += 1

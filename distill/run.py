@@ -26,6 +26,8 @@ class Progress(Protocol):
 
     def decoding(self, done: int, total: int, stats: EngineStats) -> None: ...
 
+    def reading(self, done: int, total: int, tokens: int) -> None: ...  # sequences the target read; tokens this try
+
     def training(self, state: TrainState, budget: Budget) -> None: ...
 
 
@@ -178,11 +180,9 @@ def _train_head(
     """A draft head (distill/head.py) trained on the stored completions, saved into DIR with the target's
     tokenizer; the target's hidden states are read once into the work folder, and training checkpoints and
     resumes as the draft model's does."""
-    import time
-
     import torch
 
-    from specq.distill.head import HeadTrainer, coverage, load_chains, new_head, save_chains, target_states
+    from specq.distill.head import HeadTrainer, coverage, load_chains, new_head, read_chains
 
     target.eval()
     for parameter in target.parameters():
@@ -195,12 +195,9 @@ def _train_head(
         f"{head.config.vocab_rows} of {head.target_vocab_size} tokens: {covered:.1%} of the completions' tokens)"
     )
     stored = load_chains(workdir.hidden_states)
-    if stored is None:
+    if stored is None:  # parts an earlier try read are not read again
         progress.say(f"the target reads {len(sequences)} sequences for its hidden states")
-        started = time.perf_counter()
-        chains = target_states(target, sequences)
-        read_s = time.perf_counter() - started
-        chains = save_chains(chains, read_s, workdir.hidden_states)
+        chains, read_s = read_chains(target, sequences, workdir.hidden_states, progress.reading)
         progress.say(f"read {chains.tokens.numel():,} hidden states in {read_s:.0f}s")
     else:
         chains, read_s = stored
