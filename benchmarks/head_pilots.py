@@ -39,6 +39,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=200, help="steps between measurements")
     parser.add_argument("--feature-weight", type=float, default=None, help="[default: the trainer's]")
     parser.add_argument("--states-cache", type=Path, default=None, help="keep the hidden states read here")
+    parser.add_argument(
+        "--extra-sequences",
+        type=Path,
+        default=None,
+        help="more completions of the same prompts, in the same order (e.g. sampled): trained on beside SEQUENCES'",
+    )
     parser.add_argument("--save", type=Path, default=None, help="write the trained head here, as `--draft` takes it")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,6 +63,9 @@ def main() -> None:
     random.Random(args.split_seed).shuffle(order)
     heldout = [sequences[i] for i in order[: args.heldout]]
     trained = [sequences[i] for i in order[args.heldout : args.heldout + args.train]]
+    if args.extra_sequences:  # never a held-out prompt's
+        extra = load_sequences(args.extra_sequences)
+        trained += [extra[i] for i in order[args.heldout : args.heldout + args.train]]
     target = load_model(args.target, "cpu", "float32")
     for parameter in target.parameters():
         parameter.requires_grad_(False)

@@ -2,9 +2,11 @@
 
     python benchmarks/step_costs.py [--workload continuation] [--batch-size 16] [--requests 64]
         [--max-tokens 32] [--contenders target_only,ngram,suffix,hybrid,draft] [--probe-interval 16]
+        [--target T --draft D] [-k K] [--fixed-k] [--threads N]
 
-The same engines as `specq bench --workloads` (bench/draft_axis.py: the demo pair, greedy, each
-contender at its default K), one warm-up pass, then one timed pass sharing the warm-up's policy. For each
+The same engines as `specq bench --workloads` (bench/draft_axis.py: the demo pair unless `--target`,
+greedy, each contender at its default K unless `-k`), one warm-up pass, then one timed pass sharing
+the warm-up's policy. For each
 contender: tokens/s, the whole pass and its prefill in seconds, the prompt tokens it prefilled (the rest
 were a head another row held: decoding/prefix_reuse.py), the steps taken, and at the full batch
 the mean seconds of a plain step and of its target forward, the policy's median of the proposer's
@@ -27,6 +29,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--contenders", default="target_only,ngram,suffix,hybrid,draft")
     parser.add_argument("--probe-interval", type=int, default=16)
+    parser.add_argument("--target", default=None, help="[default: the demo pair]")
+    parser.add_argument("--draft", default=None, help="a draft model or a draft head's folder")
+    parser.add_argument("-k", type=int, default=None, help="K [default: each contender's own]")
+    parser.add_argument("--fixed-k", action="store_true", help="every step proposes K")
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
     from specq.bench.draft_axis import DRAFTS
@@ -34,7 +41,7 @@ def main() -> None:
     from specq.bench.workloads import greedy_requests
     from specq.decoding import DecodingConfig, SpeculativeEngine
 
-    pair, *_ = load_bench_pair(None, None, "cpu", None, None, lambda line: None, "off")
+    pair, *_ = load_bench_pair(args.target, args.draft, "cpu", None, args.threads, lambda line: None, "off")
     requests = greedy_requests(pair.tokenizer, args.workload, args.requests, args.max_tokens)
     rows = args.batch_size
     print(f"{args.workload}, {args.requests} requests of {args.max_tokens} tokens, batch {rows}")
@@ -45,7 +52,13 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.contenders.split(","):
         uses_draft, model_free = DRAFTS[name]
-        config = DecodingConfig(batch_size=rows, model_free=model_free, probe_interval=args.probe_interval)
+        config = DecodingConfig(
+            batch_size=rows,
+            model_free=model_free,
+            probe_interval=args.probe_interval,
+            num_speculative_tokens=args.k,
+            fixed_k=args.fixed_k,
+        )
 
         def engine(policy=None, config=config, uses_draft=uses_draft):
             draft = pair.draft if uses_draft else None

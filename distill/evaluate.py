@@ -33,7 +33,8 @@ def evaluate_draft(
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """The draft in `draft_dir` with the target on the held-out `prompts` (token ids), at each of the
-    settings' evaluation batch sizes, greedy unless the settings sample: one row per batch size."""
+    settings' evaluation batch sizes, greedy unless the settings sample: one row per batch size, its
+    speed-ups the median of the rounds' ratios where there are several (`eval_repeats`)."""
     from specq.bench.runner import BenchSettings, run_bench
     from specq.models.loading import load_pair, resolve_device
 
@@ -46,6 +47,7 @@ def evaluate_draft(
         num_speculative_tokens=settings.num_speculative_tokens,
         temperature=sampling.temperature,
         warmup=settings.eval_warmup,
+        repeats=settings.eval_repeats,
         seed=BenchSettings.seed if sampling.seed is None else sampling.seed,  # no seed: the bench's base seed
         hf_batched=False,
         hf_assisted=False,
@@ -56,6 +58,7 @@ def evaluate_draft(
         "max_tokens": bench.max_tokens,
         "temperature": bench.temperature,
         "num_speculative_tokens": bench.num_speculative_tokens,
+        "repeats": bench.repeats,
         "rows": [{name: row.get(name) for name in REPORTED} for row in results["rows"]],
     }
 
@@ -63,6 +66,8 @@ def evaluate_draft(
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The held-out measurement as the command prints it, one line per batch size."""
     how = "greedy" if report["temperature"] == 0 else f"T={report['temperature']:g}"
+    repeats = report.get("repeats", 1)  # a run finished by an earlier release did not record it
+    rounds = f", the median of {repeats} rounds" if repeats > 1 else ""
     lines = []
     for row in report["rows"]:
         same = row["same_output"]
@@ -72,7 +77,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             f"{row['batch_size']}): acceptance {_number(row['acceptance_rate'])} (K fixed), "
             f"{_number(row['spec_acceptance_rate'])} (adaptive); speed-up over target-only "
             f"{_number(row['spec_over_target_only'], 'x')} (adaptive), {_number(row['speedup_fixed'], 'x')} (K fixed)"
-            f"{check}"
+            f"{rounds}{check}"
         )
     return lines
 

@@ -99,6 +99,7 @@ class DistillSettings:
     eval_batch_sizes: tuple[int, ...] = (1,)
     num_speculative_tokens: int = 4  # K of the held-out measurement
     eval_warmup: int = 1  # untimed passes of each contender before its timed one, as `specq bench`
+    eval_repeats: int = 1  # timed passes of each contender, in turns, as `specq bench --repeats`
 
     def __post_init__(self) -> None:
         if self.proposer not in PROPOSER_KINDS:
@@ -116,6 +117,8 @@ class DistillSettings:
             raise ValueError(f"heldout must be >= 1, got {self.heldout}")
         if self.learning_rate is not None and not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.eval_repeats < 1:
+            raise ValueError(f"eval_repeats must be >= 1, got {self.eval_repeats}")
         if not self.eval_batch_sizes or min(self.eval_batch_sizes) < 1:
             raise ValueError(f"eval batch sizes must be >= 1, got {self.eval_batch_sizes}")
 
@@ -136,7 +139,7 @@ class DistillSettings:
         """What must be the same for a run to resume another: everything that decides the weights. The
         device, dtype and the evaluation's settings may change between tries."""
         out = asdict(self)
-        for name in ("device", "dtype", "eval_batch_sizes", "eval_warmup"):
+        for name in ("device", "dtype", "eval_batch_sizes", "eval_warmup", "eval_repeats"):
             out.pop(name)
         if self.proposer == "model":  # a head trains chains K deep: K decides its weights, not a model's
             out.pop("num_speculative_tokens")

@@ -158,14 +158,15 @@ def _train(target, data, out, *more):
 def test_draft_train_writes_a_folder_that_draft_takes_and_reports_the_held_out_slice(tiny_pair, tmp_path):
     target, _ = tiny_pair
     data = write_requests(tmp_path / "prompts.jsonl", _prompt_lines(24))
-    result = _train(target, data, tmp_path / "draft")
+    result = _train(target, data, tmp_path / "draft", "--eval-repeats", "2")
     assert result.exit_code == 0, result.output
     assert "held-out (2 prompts, greedy, K=4, batch 1): acceptance" in result.stderr
-    assert "speed-up over target-only" in result.stderr
+    assert "speed-up over target-only" in result.stderr and "the median of 2 rounds" in result.stderr
     assert "outputs identical to target-only" in result.stderr
     assert result.stdout == f"{tmp_path / 'draft'}\n"
     run = json.loads((tmp_path / "draft" / WORK / "run.json").read_text())
     assert run["phase"] == "done" and run["heldout_prompts"] == 2 and run["train_prompts"] == 23
+    assert run["evaluation"]["repeats"] == 2 and "eval_repeats" not in run["settings"]
     assert not (tmp_path / "draft" / WORK / CHECKPOINT).exists()
     # `--draft DIR` as is: `specq run` with it gives the target's own greedy tokens
     alone, drafted = run_alone_and_with_draft(target, tmp_path / "draft", tmp_path)
