@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a session lent a CUDA machine runs there, in one call: the CUDA tests (tests/test_gpu.py: fp32
-# greedy identity, bf16, CUDA graphs on static shapes), then benchmarks/gpu_compile.py. Logs land in
+# greedy identity, bf16, CUDA graphs on static shapes, a draft head trained and drafting in fp32 and
+# bf16), then benchmarks/gpu_compile.py. Logs land in
 # $OUT (or ./gpu-out).
 #
 # That machine has torch and transformers but not specq's other needs; the compiled path needs

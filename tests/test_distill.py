@@ -198,6 +198,9 @@ class _Quiet:
         if done == self.kill_after_decoded:
             raise Killed
 
+    def reading(self, done, total, tokens):
+        pass
+
     def training(self, state, budget):
         self.steps.append(state.step)
         if state.step == self.kill_after_step:

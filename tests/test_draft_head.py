@@ -373,3 +373,11 @@ def test_a_row_drafts_from_its_first_step_on_its_prefills_state(heads, batch_siz
     with_head, stats = _decode(target, by_name["trained"], prompts, batch_size, params, fixed_k=True)
     assert with_head == alone
     assert stats.num_draft_tokens == len(prompts)
+
+
+def test_a_head_trains_and_drafts_in_bf16(tmp_path):
+    """bf16, the dtype of a target on CUDA, here on the CPU: the head trains in its target's dtype, on
+    states stored in bf16, and drafts (tests/test_gpu.py runs the same on CUDA, fp32 and bf16)."""
+    from tests.test_gpu import assert_head_trains_and_drafts
+
+    assert_head_trains_and_drafts(tiny_llama(seed=0).to(torch.bfloat16), tmp_path, exact=False)

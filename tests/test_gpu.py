@@ -87,3 +87,37 @@ def test_cuda_graphs_decode_the_eager_tokens_on_static_shapes():
         for i, prompt in enumerate(_prompts()):
             assert results[i].token_ids == _reference(target, prompt, requests[i].params.max_tokens)
     assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_draft_head_trains_and_drafts_on_cuda(dtype, tmp_path):
+    """`draft train`'s head on CUDA: trained in the target's dtype (bf16 by default there) on the target's
+    decoded completions, then drafting for it; in fp32 the output is the target's own greedy output (in
+    bf16 a verify of k + 1 tokens may round differently from a 1-token step, so it must only run)."""
+    assert_head_trains_and_drafts(on_cuda(tiny_llama(seed=0), dtype), tmp_path, exact=dtype == torch.float32)
+
+
+def assert_head_trains_and_drafts(target: Any, folder: Any, exact: bool) -> None:
+    from specq.distill.corpus import Prompt, decode_with_target
+    from specq.distill.head import HeadTrainer, new_head, read_chains
+    from specq.distill.settings import Budget
+
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    greedy = SamplingParams(max_tokens=24, temperature=0)
+    prompts = [Prompt(i, GenerationRequest(i, tuple(p), greedy)) for i, p in enumerate(_prompts() * 4)]
+    sequences = decode_with_target(target, IdTokenizer(), prompts, batch_size=8, top_k=20)
+    chains, _ = read_chains(target, sequences, folder / "states.pt")
+    head = new_head(target, sequences, 48, None)
+    assert next(head.parameters()).dtype == target.dtype and next(head.parameters()).device == target.device
+    trainer = HeadTrainer(head, chains, Budget(tokens=20_000), depth=4, learning_rate=3e-3)
+    trainer.run(folder)
+    assert trainer.state.step > 0 and trainer.state.loss == trainer.state.loss  # trained, and not NaN
+    config = DecodingConfig(num_speculative_tokens=4, batch_size=4, fixed_k=True)
+    engine = SpeculativeEngine(target, IdTokenizer(), head.eval(), config)
+    requests = [GenerationRequest(i, tuple(p), greedy) for i, p in enumerate(_prompts())]
+    results = {r.key: r for r in engine.generate(requests)}
+    assert all(r.error is None for r in results.values()) and engine.stats.num_draft_tokens > 0
+    if exact:
+        for i, prompt in enumerate(_prompts()):
+            assert results[i].token_ids == _reference(target, prompt, 24)
