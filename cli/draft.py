@@ -323,8 +323,8 @@ class _Shown:
 
     def __init__(self, show: bool) -> None:
         self.show = show
-        self.decode_bar: ProgressBar | None = None
-        self.decode_started = 0.0
+        self.count_bar: ProgressBar | None = None
+        self.count_started = 0.0
         self.train_bar: Any = None
         self._last_line = time.monotonic()
 
@@ -333,24 +333,21 @@ class _Shown:
         click.echo(message, err=True)
 
     def decoding(self, done: int, total: int, stats: EngineStats) -> None:
-        if self.decode_bar is None:
-            self.decode_bar = ProgressBar("target decodes", total, self.show).__enter__()
-            self.decode_started = time.perf_counter()
-        elapsed = max(time.perf_counter() - self.decode_started, 1e-9)
-        self.decode_bar.update(done, stats.num_generated_tokens / elapsed, 0.0)
-        if done == total:
-            self.decode_bar.__exit__()
-            self.decode_bar = None
+        self._count("target decodes", done, total, stats.num_generated_tokens, 0.0)
 
     def reading(self, done: int, total: int, tokens: int) -> None:
-        if self.decode_bar is None:
-            self.decode_bar = ProgressBar("target reads hidden states", total, self.show).__enter__()
-            self.decode_started = time.perf_counter()
-        elapsed = max(time.perf_counter() - self.decode_started, 1e-9)
-        self.decode_bar.update(done, tokens / elapsed, None)
+        self._count("target reads hidden states", done, total, tokens, None)
+
+    def _count(self, label: str, done: int, total: int, tokens: int, acceptance: float | None) -> None:
+        """A phase that counts sequences (the decode, the hidden states' read) on one bar, with its tokens/s."""
+        if self.count_bar is None:
+            self.count_bar = ProgressBar(label, total, self.show).__enter__()
+            self.count_started = time.perf_counter()
+        elapsed = max(time.perf_counter() - self.count_started, 1e-9)
+        self.count_bar.update(done, tokens / elapsed, acceptance)
         if done == total:
-            self.decode_bar.__exit__()
-            self.decode_bar = None
+            self.count_bar.__exit__()
+            self.count_bar = None
 
     def training(self, state: TrainState, budget: Budget) -> None:
         total, done = (
@@ -372,9 +369,9 @@ class _Shown:
             sys.stderr.flush()
 
     def close(self) -> None:
-        if self.decode_bar is not None:
-            self.decode_bar.__exit__()
-            self.decode_bar = None
+        if self.count_bar is not None:
+            self.count_bar.__exit__()
+            self.count_bar = None
         if self.train_bar is not None:
             self.train_bar.__exit__(None, None, None)
             self.train_bar = None

@@ -130,13 +130,15 @@ def joined(parts: Sequence[Chains]) -> Chains:
     """The chains of consecutive parts as one; the recorded top tokens only where every part with a
     chain has them."""
     held = [part for part in parts if part.tokens.numel()]
-    with_tops = held and all(part.top_ids is not None for part in held)
+    top_ids = [part.top_ids for part in held if part.top_ids is not None]
+    top_logprobs = [part.top_logprobs for part in held if part.top_logprobs is not None]
+    with_tops = bool(held) and len(top_ids) == len(top_logprobs) == len(held)
     return Chains(
         torch.cat([part.states for part in parts]),
         torch.cat([part.tokens for part in parts]),
         torch.cat([part.left for part in parts]),
-        torch.cat([part.top_ids for part in held]) if with_tops else None,  # type: ignore[misc]
-        torch.cat([part.top_logprobs for part in held]) if with_tops else None,  # type: ignore[misc]
+        torch.cat(top_ids) if with_tops else None,
+        torch.cat(top_logprobs) if with_tops else None,
     )
 
 
