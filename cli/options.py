@@ -54,6 +54,7 @@ from specq.limits import (
 
 if TYPE_CHECKING:
     from specq.decoding.config import DecodingConfig
+    from specq.jobs.draft_training import DraftTraining
     from specq.jobs.patience import Patient
     from specq.jobs.settings import JobSettings
 
@@ -126,7 +127,9 @@ _OPTIONS = [
         envvar="SPECQ_DRAFT",
         help="Draft model sharing the target's tokenizer (as --target takes it), or a model-free proposer: "
         "'ngram' (prompt lookup) or "
-        "'suffix' (the job's suffix index plus prompt lookup); absent: plain decoding with the target. "
+        "'suffix' (the job's suffix index plus prompt lookup); with submit, 'train:N[:BUDGET]' trains a draft "
+        "head on the job's first N completions and speculates with it for the rest; absent: plain decoding "
+        "with the target. "
         "[env: SPECQ_DRAFT]",
     ),
     click.option(
@@ -242,6 +245,8 @@ class GenerationOptions:
     chat_template: str | None  # the text of --chat-template; None: the tokenizer's own
     served_model_name: str | None  # the `model` of OpenAI-format output; None: the line's, else the target's
     compile: str  # auto, on or off (decoding.compiled)
+    # `--draft train:N`: the job trains its own draft head (jobs/draft_training.py); `submit` only
+    draft_training: DraftTraining | None = None
 
     def job_settings(self, max_attempts: int) -> JobSettings:
         """The settings `submit` stores with the job (`jobs.settings`)."""
@@ -254,6 +259,7 @@ class GenerationOptions:
             dtype=self.dtype,
             max_attempts=max_attempts,
             compile=self.compile,
+            draft_training=self.draft_training,
         )
 
 
@@ -273,7 +279,13 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         decoding["batch_size"] = values["batch_size"]
     if values["sampling"] is not None:
         decoding["sampling"] = values["sampling"].lower()
-    draft, model_free = _proposers(values["draft"] or None, values["model_free"])
+    from specq.jobs.draft_training import DraftTraining
+
+    try:
+        training = DraftTraining.parse(values["draft"] or "")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--draft'") from None
+    draft, model_free = _proposers(None if training else values["draft"] or None, values["model_free"])
     if model_free is not None:
         decoding["model_free"] = model_free
     try:
@@ -293,6 +305,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         chat_template=chat_template,
         served_model_name=values["served_model_name"] or None,
         compile=values["compile"],
+        draft_training=training,
     )
 
 

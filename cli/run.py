@@ -54,12 +54,22 @@ def run(
     """
     from specq.jobs.local_run import default_output_path, run_file
 
+    if generation.draft_training is not None:
+        raise click.BadParameter(
+            "train:N trains a draft on a job's first N requests as the job runs: use `specq submit` "
+            "(or `specq draft train` for a draft folder `run --draft` takes)",
+            param_hint="'--draft'",
+        )
     path = output_path or default_output_path(input_path)
+    options = dict(
+        vars(generation)
+    )  # target, draft, decoding, sampling, device, dtype, chat_template, served_model_name
+    del options["draft_training"]  # None here, and no argument of run_file
     with specq_errors(), _RunProgress(progress) as bar:
         summary = run_file(
             input_path,
             path,
-            **vars(generation),  # target, draft, decoding, sampling, device, dtype, chat_template, served_model_name
+            **options,
             output_format=output_format,  # type: ignore[arg-type]
             on_start=bar.start,
             on_loaded=lambda line: click.echo(line, err=True),

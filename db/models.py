@@ -9,7 +9,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from specq.db.states import JobState, RequestState
@@ -169,3 +181,23 @@ class Worker(Base):
     # what `--compile` did with the models the worker loaded last (models.loading.ModelPair.compile_report);
     # None until it loads models with compile other than off, and before 0006
     compiled: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+
+
+class TrainedDraft(Base):
+    """The draft head a `--draft train:N` job trains for itself (worker/trained_draft.py): who trains it,
+    until when their claim holds, and once trained its config and weights, which every worker of the job
+    loads onto its own target."""
+
+    __tablename__ = "trained_drafts"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))  # "training" | "ready" | "failed"
+    # the worker training it, and when its claim lapses unless renewed (a dead trainer's is taken over)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    head_config: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # decoding.draft_head.HeadConfig
+    head_weights: Mapped[bytes | None] = mapped_column(LargeBinary)  # a head folder's weights file
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # distill.job_head.TrainedHead.report
+    error: Mapped[str | None] = mapped_column(Text)  # why it failed; the job went on with the target alone
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

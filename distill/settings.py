@@ -18,6 +18,8 @@ LOSSES: tuple[Loss, ...] = ("fkl", "tvd")
 ProposerKind = Literal["model", "head"]
 PROPOSER_KINDS: tuple[ProposerKind, ...] = ("model", "head")
 MODEL_LEARNING_RATE, HEAD_LEARNING_RATE = 1e-3, 3e-3
+HEAD_VOCAB = 8192  # V': the target's LM-head rows a head proposes from (distill/head.py)
+TEACHER_TOP_K = 20  # the target's likeliest tokens a position trains on; the engine's logprobs give 20 at most
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,13 @@ class DistillSettings:
     decode_batch_size: int = 32  # cli/draft.py's --batch-size says why
     budget: Budget = Budget(tokens=200_000)
     proposer: ProposerKind = "head"  # docs/draft-train.md, Measured: it beat the model at the same training time
-    head_vocab: int = 8192  # V': the target's LM-head rows a head proposes from (distill/head.py)
+    head_vocab: int = HEAD_VOCAB
     head_intermediate: int | None = None  # the head's MLP width; None: twice the target's width
     shape: DraftShape = DraftShape()
     loss: Loss = "fkl"
     # the target's likeliest tokens a position that the decode keeps to train on (no target forward while
     # training); 0: the target's whole distribution, recomputed by a forward each step
-    teacher_top_k: int = 20
+    teacher_top_k: int = TEACHER_TOP_K
     learning_rate: float | None = None  # AdamW's peak (distill/trainer.py's schedule); None: `peak_learning_rate`
     train_batch_size: int = 8  # sequences a step
     max_train_tokens: int = 1024  # longer sequences keep their last tokens

@@ -3,17 +3,18 @@ store keeps its JSON form (the `jobs.settings` column), and workers, sweepers, `
 that form back through `JobSettings.from_stored`, never by key.
 
 The stored form is the one every version wrote: `{"decoding": DecodingConfig's fields, "sampling": the
-job's default sampling settings, "device", "dtype", "chunk_size", "max_attempts", "compile"}`; a row
-an older version stored lacks the newer keys and reads with their defaults, and keys a newer version
-added are ignored.
+job's default sampling settings, "device", "dtype", "chunk_size", "max_attempts", "compile"}`, with
+"draft_training" where the job trains its draft; a row an older version stored lacks the newer keys and
+reads with their defaults, and keys a newer version added are ignored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from specq.decoding.config import DecodingConfig
+from specq.jobs.draft_training import DraftTraining
 from specq.queue import DEFAULT_MAX_ATTEMPTS
 
 
@@ -33,6 +34,9 @@ class JobSettings:
     # the chat template of a job stored before chat lines were rendered at submit (jobs.chat_template);
     # newer jobs store token ids and leave it None, and it is then not written
     chat_template: str | None = None
+    # `--draft train:N`: the job trains its own draft head (jobs/draft_training.py); None, and then not
+    # written, for every other job
+    draft_training: DraftTraining | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -44,6 +48,10 @@ class JobSettings:
         stored["decoding"] = self.decoding.to_dict()
         if self.chat_template is None:
             del stored["chat_template"]
+        if self.draft_training is None:
+            del stored["draft_training"]
+        else:
+            stored["draft_training"] = asdict(self.draft_training)
         return stored
 
     @classmethod
@@ -53,6 +61,8 @@ class JobSettings:
         known = {f.name for f in fields(cls)}
         given = {name: value for name, value in stored.items() if name in known}
         given["decoding"] = _decoding_config(stored.get("decoding") or {})
+        if given.get("draft_training") is not None:
+            given["draft_training"] = DraftTraining(**given["draft_training"])
         if not given.get("max_attempts"):
             given.pop("max_attempts", None)
         return cls(**given)

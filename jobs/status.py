@@ -27,9 +27,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
-from specq.db.models import Batch, Job, Request, Result, Worker
+from specq.db.models import Batch, Job, Request, Result, TrainedDraft, Worker
 from specq.db.session import Database, schema_ready
 from specq.db.states import JOB_TERMINAL, WorkerState
 from specq.db.types import utcnow
@@ -89,6 +89,9 @@ class JobStatus:
     target: str
     draft: str | None
     model_free: str | None
+    # `--draft train:N`'s head (worker/trained_draft.py): what was asked, its state (waiting for the first
+    # N requests, training, ready, failed) and what training took or why it failed; None for other jobs
+    draft_training: dict[str, Any] | None
     input: str
     metadata: dict[str, str]
     completion_window: str | None
@@ -177,10 +180,35 @@ def _speculation(session: Session, job_ids: list[str]) -> dict[str, _Counters]:
     return out
 
 
-def _describe(job: Job, spec: _Counters, now: datetime) -> JobStatus:
+def _trained_drafts(session: Session, job_ids: list[str]) -> dict[str, TrainedDraft]:
+    """The trained-draft rows of these jobs, where they have one (its weights not loaded)."""
+    rows = session.scalars(
+        select(TrainedDraft).options(defer(TrainedDraft.head_weights)).where(TrainedDraft.job_id.in_(job_ids))
+    )
+    return {row.job_id: row for row in rows}
+
+
+def _draft_training(settings: JobSettings, row: TrainedDraft | None) -> dict[str, Any] | None:
+    if settings.draft_training is None:
+        return None
+    shown: dict[str, Any] = {
+        "asked": settings.draft_training.describe(),
+        "state": "waiting" if row is None else row.state,
+    }
+    if row is not None and row.report:
+        shown.update(
+            trained_on=row.report.get("sequences"), steps=row.report.get("steps"), seconds=row.report.get("seconds")
+        )
+    if row is not None and row.error:
+        shown["error"] = row.error
+    return shown
+
+
+def _describe(job: Job, spec: _Counters, now: datetime, trained: TrainedDraft | None = None) -> JobStatus:
     drafts, draft_tokens, accepted = spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens
     elapsed = ((job.finished_at or now) - job.started_at).total_seconds() if job.started_at else 0.0
     wall_rate = job.generated_tokens / elapsed if elapsed > 0 else 0.0
+    settings = JobSettings.from_stored(job.settings)
     return JobStatus(
         id=job.id,
         state=job.state,
@@ -210,7 +238,8 @@ def _describe(job: Job, spec: _Counters, now: datetime) -> JobStatus:
         },
         target=job.target,
         draft=job.draft,
-        model_free=JobSettings.from_stored(job.settings).decoding.model_free,
+        model_free=settings.decoding.model_free,
+        draft_training=_draft_training(settings, trained),
         input=job.input_name,
         metadata=job.user_metadata or {},
         completion_window=job.completion_window,
@@ -228,7 +257,9 @@ def job_status(db: Database, job_id: str) -> JobStatus:
         job = session.get(Job, job_id) if schema_ready(db) else None
         if job is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
-        return _describe(job, _speculation(session, [job.id])[job.id], utcnow())
+        return _describe(
+            job, _speculation(session, [job.id])[job.id], utcnow(), _trained_drafts(session, [job.id]).get(job.id)
+        )
 
 
 def recent_jobs(
@@ -246,8 +277,9 @@ def recent_jobs(
     with db.session() as session:
         jobs = session.scalars(query).all()
         spec = _speculation(session, [job.id for job in jobs])
+        trained = _trained_drafts(session, [job.id for job in jobs])
         now = utcnow()
-        return [_describe(job, spec[job.id], now) for job in jobs]
+        return [_describe(job, spec[job.id], now, trained.get(job.id)) for job in jobs]
 
 
 def compile_summary(report: dict[str, Any] | None) -> str:

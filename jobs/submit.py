@@ -181,6 +181,14 @@ def _store_job(
         total = insert_requests(session, job_id, models.watch(specs))
         if total == 0:
             raise BadInputError([f"{name}: the file has no requests"])
+        training = spec.settings.draft_training
+        if training is not None and training.prompts >= total:
+            raise BadInputError(
+                [
+                    f"{name}: --draft {training.describe()} trains on the first {training.prompts} requests and "
+                    f"speculates on the rest, but the file has {total}: give N below {total}"
+                ]
+            )
         models.wait()
         chunk_size = QueueSettings.from_env().chunk_size(total, spec.settings.decoding.batch_size)
         job.total, job.settings = total, replace(spec.settings, chunk_size=chunk_size).to_stored()

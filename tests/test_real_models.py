@@ -212,6 +212,28 @@ def test_submit_and_export_a_chat_batch_on_the_gguf_file(env, smollm2_file, refe
     assert body.choices[0].finish_reason == "stop"  # the question's answer ended at <|im_end|>
 
 
+def test_a_job_that_trains_its_draft_head_on_smollm2_is_generate(env, smollm2_file, references, tmp_path) -> None:
+    # the same four chats twice: the second four speculate with the head trained on the first four
+    lines = [
+        {"custom_id": f"chat-{number}-{copy}", "body": {"messages": messages, "max_tokens": MAX_TOKENS}}
+        for copy in range(2)
+        for number, messages in enumerate(chat_lines())
+    ]
+    lines = [{**line, "method": "POST", "url": "/v1/chat/completions"} for line in lines]
+    path = write_requests(tmp_path / "in.jsonl", lines)
+    args = ["--target", str(smollm2_file), "--draft", "train:4:20k", "--temperature", "0", "--fixed-k"]
+    result = invoke(["submit", path, *args, "--batch-size", "4", "--wait"], env)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    info = json.loads(invoke(["status", job_id, "--json"], env).stdout)
+    assert info["draft_training"]["state"] == "ready" and info["draft_training"]["trained_on"] == 4
+    assert info["num_accepted_tokens"] > 0
+    out = tmp_path / "out.jsonl"
+    assert invoke(["export", job_id, "-o", str(out)], env).exit_code == 0
+    exported = [json.loads(line)["tokens"] for line in out.read_text(encoding="utf-8").splitlines()]
+    assert exported == [*references, *references]
+
+
 def one_line(output: str) -> str:
     (line,) = [line for line in output.splitlines() if line.startswith("Error: ")]
     return line

@@ -332,7 +332,7 @@ def _engine(
     models and speculation settings measured, and the job's suffix index where it drafts from one."""
     from specq.decoding.engine import SpeculativeEngine
 
-    policy_key = config.policy_key(job.target, job.draft, settings.dtype)
+    policy_key = config.policy_key(job.target, pair.draft_name, settings.dtype)
     suffix_index = ctx.suffix_index(job.id) if config.model_free == "suffix" else None
     engine = SpeculativeEngine(
         pair.target, pair.tokenizer, pair.draft, config, policy=ctx.policies.get(policy_key), suffix_index=suffix_index
@@ -456,11 +456,14 @@ def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, w
     """Load the models, prepare the requests and run them group by group; every result goes to `writer`.
     Models that do not load because of this worker leave the requests unfinished (given back) and mark
     the worker unusable; models that do not fit together fail the requests, as does a request that
-    cannot be prepared."""
+    cannot be prepared. A job that trains its draft (`--draft train:N`) runs its first N requests with
+    the target alone, stores them, then the rest with the head it trained (worker/trained_draft.py)."""
     for result in triage.exhausted:
         writer.add(result)
+    training = settings.draft_training
+    compile = "off" if training is not None else settings.compile  # a head reads an eager target's states
     try:
-        pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, settings.compile)
+        pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, compile)
     except Exception as exc:  # ModelLoadError, or out of memory while loading
         if ctx.config.broker is not None and _this_workers_fault(exc, ctx, settings):
             # this worker's fault (disk, permissions, memory), not the job's: another worker may load
@@ -474,12 +477,38 @@ def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, w
     if ctx.metrics is not None:
         ctx.metrics.set_compiled(writer.model, ctx.config.device, pair.compiled, pair.warm_up_s)
     _record_compiled(ctx, pair.compile_report())
-    ready, failed = _prepare(ctx, pair, triage.runnable, settings)
+    if training is None:
+        return _run_requests(ctx, job, settings, pair, triage.runnable, triage.suspects, writer)
+    unfinished = _run_requests(
+        ctx, job, settings, pair, [r for r in triage.runnable if r.seq < training.prompts], triage.suspects, writer
+    )
+    rest = [r for r in triage.runnable if r.seq >= training.prompts]
+    if rest:
+        writer.flush()  # the first N's results stored: the training reads them
+    if rest and not (writer.cancelled or ctx.shared.stopping.is_set()):
+        from specq.worker.trained_draft import speculating_pair
+
+        pair = speculating_pair(ctx, job, settings, pair)
+    unfinished |= _run_requests(ctx, job, settings, pair, rest, triage.suspects, writer)
+    return unfinished
+
+
+def _run_requests(
+    ctx: WorkerContext,
+    job: Job,
+    settings: JobSettings,
+    pair: ModelPair,
+    requests: list[ClaimedRequest],
+    suspects: set[int],
+    writer: _Writer,
+) -> _Unfinished:
+    """Prepare `requests` and run them through `pair` group by group."""
+    ready, failed = _prepare(ctx, pair, requests, settings)
     for result in failed:
         writer.add(result)
-    injected = faults.installed()  # once per chunk, not per request
+    injected = faults.installed()  # once per run, not per request
     unfinished = _Unfinished()
-    for group in _groups(ready, triage.suspects):
+    for group in _groups(ready, suspects):
         if writer.cancelled or ctx.shared.stopping.is_set():
             unfinished.ids.update(p.claimed.id for p in group)
         else:

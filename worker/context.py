@@ -19,6 +19,7 @@ from specq.worker.model_cache import ModelCache
 
 if TYPE_CHECKING:
     from specq.decoding.config import PolicyKey
+    from specq.decoding.draft_head import DraftHead
     from specq.decoding.k_policy import SpeculationPolicy
     from specq.decoding.suffix_index import SuffixIndex
     from specq.worker.metrics import WorkerMetrics
@@ -82,6 +83,9 @@ class WorkerContext:
         # the suffix index of each job this worker serves with `--draft suffix`, fed by its prompts and
         # outputs from batch to batch; the least recently served beyond MAX_SUFFIX_INDEXES dropped
         self.suffix_indexes: OrderedDict[str, SuffixIndex] = OrderedDict()
+        # job id -> (the target it is loaded onto, the draft head the job trained for itself), for the
+        # jobs with `--draft train:N` this worker serves (worker/trained_draft.py)
+        self.trained_heads: OrderedDict[str, tuple[Any, DraftHead]] = OrderedDict()
         self.metrics = metrics
         self.shared = SharedState()
         # the task thread's own memory: requests this process marked started and has not finished; when
