@@ -41,6 +41,14 @@ def _draft_tokens_by_seq(db_url: str, job_id: str) -> dict[int, int]:
         return {seq: tokens for seq, tokens in rows}
 
 
+def _trained_row(db, job_id: str) -> TrainedDraft:
+    with db.session() as session:
+        row = session.get(TrainedDraft, job_id)
+        assert row is not None
+        session.expunge(row)
+        return row
+
+
 def _exported_tokens(env: dict, job_id: str, tmp_path) -> dict[str, list[int]]:
     out = tmp_path / "out.jsonl"
     assert invoke(["export", job_id, "-o", str(out)], env).exit_code == 0
@@ -151,12 +159,10 @@ def test_one_worker_trains_a_jobs_draft_and_another_takes_it_over_only_once_its_
     assert renew_training(second, job_id, now)
 
     finish_training(first, job_id, state=READY, now=now)  # too late: the second one holds it
-    with db.session() as session:
-        row = session.get(TrainedDraft, job_id)
-        assert (row.state, row.owner) == (TRAINING, "second")
+    row = _trained_row(db, job_id)
+    assert (row.state, row.owner) == (TRAINING, "second")
     finish_training(second, job_id, state=READY, now=now)
-    with db.session() as session:
-        assert session.get(TrainedDraft, job_id).state == READY
+    assert _trained_row(db, job_id).state == READY
     assert not claim_training(first, job_id, 8, now)  # trained: nothing to claim
     cancel_job(db, job_id)
     assert not renew_training(second, job_id, now)  # a trainer of a cancelled job stops
@@ -184,8 +190,8 @@ def test_a_worker_killed_while_it_trains_the_draft_costs_time_never_a_result(
     assert "stopped renewing its claim; training here" in heir.output()  # trained again, from the start
     assert (info["state"], info["completed"], info["failed"]) == ("completed", 24, 0), info
     assert info["draft_training"]["state"] == "ready"
+    assert (_trained_row(db, job_id).report or {}).get("sequences") == 8
     with db.session() as session:
-        assert session.get(TrainedDraft, job_id).report["sequences"] == 8
         states = session.scalars(select(Request.state).where(Request.job_id == job_id)).all()
     assert set(states) == {RequestState.COMPLETED}
     assert count_rows(pg_db_url, Result) == 24  # one result each: none lost, none twice
@@ -202,15 +208,12 @@ def test_the_job_heads_teacher_is_the_distribution_draft_train_records_from_the_
     from specq.distill.job_head import with_teacher
     from tests.tiny_models import IdTokenizer
 
-    prompts = [
-        Prompt(
-            i + 1, GenerationRequest(i, tuple(range(3 + i, 9 + 2 * i)), SamplingParams(max_tokens=10, temperature=0))
-        )
-        for i in range(3)
-    ]
+    greedy = SamplingParams(max_tokens=10, temperature=0)
+    prompts = [Prompt(i + 1, GenerationRequest(i, tuple(range(3 + i, 9 + 2 * i)), greedy)) for i in range(3)]
     recorded = decode_with_target(target, IdTokenizer(), prompts, batch_size=2, top_k=20)
     computed = with_teacher(target, target_states(target, recorded))
-    assert torch.equal(computed.top_ids, torch.tensor([ids for s in recorded for ids in s.top_ids]))
-    wanted = torch.tensor([values for s in recorded for values in s.top_logprobs])
+    assert computed.top_ids is not None and computed.top_logprobs is not None
+    assert torch.equal(computed.top_ids, torch.tensor([ids for s in recorded for ids in s.top_ids or ()]))
+    wanted = torch.tensor([values for s in recorded for values in s.top_logprobs or ()])
     assert torch.equal(torch.isinf(computed.top_logprobs), torch.isinf(wanted))
     assert torch.allclose(computed.top_logprobs[wanted.isfinite()], wanted[wanted.isfinite()], atol=1e-4)
