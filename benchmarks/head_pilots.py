@@ -51,9 +51,9 @@ def main() -> None:
 
     import torch
 
+    from specq.budget import Budget
     from specq.distill.corpus import load_sequences
     from specq.distill.head import HeadTrainer, new_head, target_states
-    from specq.distill.settings import Budget
     from specq.models.loading import load_model
 
     torch.set_num_threads(args.threads)

@@ -21,14 +21,14 @@ from specq.cli.progress import PLAIN_EVERY_S, ProgressBar
 from specq.limits import BATCH_SIZE, BENCH_SPECULATIVE_TOKENS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
 
 if TYPE_CHECKING:
+    from specq.budget import Budget
     from specq.decoding.stats import EngineStats
-    from specq.distill.settings import Budget
     from specq.distill.trainer import TrainState
     from specq.jobs.inputs import InputLimits
 
 
 def _budget(ctx: click.Context, param: click.Parameter, value: str) -> Budget:
-    from specq.distill.settings import Budget
+    from specq.budget import Budget
 
     try:
         return Budget.parse(value)

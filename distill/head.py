@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
+from specq.budget import Budget
 from specq.decoding.draft_head import DraftHead, HeadConfig
 from specq.distill.corpus import Decoded
-from specq.distill.settings import Budget
 from specq.distill.trainer import CheckpointedTraining, TrainState, learning_rate, save_atomically
 
 HEAD_BATCH = 256  # chains a step: the head is small, so a step is cheap and many chains keep it steady

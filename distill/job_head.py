@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
+from specq.budget import Budget
 from specq.decoding.draft_head import DraftHead, HeadConfig
 from specq.distill.corpus import Decoded
 from specq.distill.head import STORED_STATES_DTYPE, Chains, HeadTrainer, new_head, target_states
-from specq.distill.settings import HEAD_LEARNING_RATE, HEAD_VOCAB, TEACHER_TOP_K, Budget
+from specq.distill.settings import HEAD_LEARNING_RATE, HEAD_VOCAB, TEACHER_TOP_K
 from specq.distill.trainer import TrainState
 
 _TEACHER_ROWS = 512  # positions a time through the LM head: [512, vocab] logits, 100 MB for 49k tokens

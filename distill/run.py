@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from specq.distill.settings import Budget, DistillSettings
+from specq.budget import Budget
+from specq.distill.settings import DistillSettings
 from specq.errors import BadInputError
 
 if TYPE_CHECKING:

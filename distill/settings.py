@@ -4,12 +4,11 @@ run can tell whether it is still the same run."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from specq.budget import Budget
 from specq.decoding.types import SamplingParams
-from specq.durations import parse_duration
 
 Loss = Literal["fkl", "tvd"]
 LOSSES: tuple[Loss, ...] = ("fkl", "tvd")
@@ -20,42 +19,6 @@ PROPOSER_KINDS: tuple[ProposerKind, ...] = ("model", "head")
 MODEL_LEARNING_RATE, HEAD_LEARNING_RATE = 1e-3, 3e-3
 HEAD_VOCAB = 8192  # V': the target's LM-head rows a head proposes from (distill/head.py)
 TEACHER_TOP_K = 20  # the target's likeliest tokens a position trains on; the engine's logprobs give 20 at most
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How much training: `tokens` (positions whose target distribution the draft is trained on) or
-    `seconds` of training wall time (the target's decoding not counted); exactly one is set."""
-
-    tokens: int | None = None
-    seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.tokens is None) == (self.seconds is None):
-            raise ValueError("a budget is tokens or seconds, exactly one")
-        if (self.tokens is not None and self.tokens < 1) or (self.seconds is not None and self.seconds <= 0):
-            raise ValueError("a budget must be positive")
-
-    @classmethod
-    def parse(cls, text: str) -> Budget:
-        """`200000` or `200k` or `2M` (tokens, optionally followed by `tokens`), or a duration (`90s`, `30m`,
-        `1h`: training time); ValueError with a sentence otherwise."""
-        value = str(text).strip()
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKM]?)\s*(?:tokens?)?", value)
-        if match:
-            tokens = float(match.group(1)) * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6}[match.group(2)]
-            if tokens >= 1:
-                return cls(tokens=int(tokens))
-        try:
-            return cls(seconds=parse_duration(value).total_seconds())
-        except ValueError:
-            raise ValueError(
-                f"{text!r} is not a budget: give training tokens (e.g. 200000, 200k, 2M) or a duration "
-                "(e.g. 90s, 30m, 1h)"
-            ) from None
-
-    def describe(self) -> str:
-        return f"{self.tokens} tokens" if self.tokens is not None else f"{self.seconds:g}s of training"
 
 
 @dataclass(frozen=True)
@@ -83,7 +46,7 @@ class DistillSettings:
     device: str | None = None
     dtype: str | None = None
     decode_batch_size: int = 32  # cli/draft.py's --batch-size says why
-    budget: Budget = Budget(tokens=200_000)
+    budget: Budget = field(default_factory=lambda: Budget(tokens=200_000))
     proposer: ProposerKind = "head"  # docs/draft-train.md, Measured: it beat the model at the same training time
     head_vocab: int = HEAD_VOCAB
     head_intermediate: int | None = None  # the head's MLP width; None: twice the target's width

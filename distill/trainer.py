@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specq.budget import Budget
 from specq.distill.corpus import Decoded
-from specq.distill.settings import Budget, Loss
+from specq.distill.settings import Loss
 from specq.distill.workdir import CHECKPOINT
 
 if TYPE_CHECKING:

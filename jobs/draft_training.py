@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specq.distill.settings import Budget
+from specq.budget import Budget
 
 TRAIN_PREFIX = "train:"
 # chain tokens (distill/head.py): about 200 steps of 256 chains, a minute of a 2-core CPU on

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import torch
 
+from specq.budget import Budget
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.distill.corpus import Decoded, Prompt, decode_with_target, load_sequences
 from specq.distill.run import train_draft
-from specq.distill.settings import Budget, DistillSettings, DraftShape
+from specq.distill.settings import DistillSettings, DraftShape
 from specq.distill.sizing import build_draft, draft_config
 from specq.distill.trainer import CHECKPOINT, StoredTeacher, Teacher, TopK, Trainer, TrainingInterrupted
 from specq.distill.workdir import DECODING, SEQUENCES, WORK

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from specq.budget import Budget
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.draft_head import HEAD_CONFIG, HEAD_WEIGHTS, DraftHead, load_head
 from specq.decoding.k_policy import SpeculationPolicy
@@ -25,7 +26,6 @@ from specq.distill.head import (
     save_chains,
     target_states,
 )
-from specq.distill.settings import Budget
 from specq.distill.workdir import CHECKPOINT, HIDDEN_STATES, WORK
 from specq.errors import ModelLoadError
 from specq.models.loading import load_pair

@@ -98,9 +98,9 @@ def test_a_draft_head_trains_and_drafts_on_cuda(dtype, tmp_path):
 
 
 def assert_head_trains_and_drafts(target: Any, folder: Any, exact: bool) -> None:
+    from specq.budget import Budget
     from specq.distill.corpus import Prompt, decode_with_target
     from specq.distill.head import HeadTrainer, new_head, read_chains
-    from specq.distill.settings import Budget
 
     for parameter in target.parameters():
         parameter.requires_grad_(False)

@@ -45,7 +45,8 @@ ALLOWED: dict[str, set[str]] = {
     "decoding": {"core"},
     "models": {"core", "decoding"},
     "jobs": {"core", "db", "decoding", "models"},
-    "worker": {"core", "db", "decoding", "models", "jobs"},
+    # a job that trains its own draft (`--draft train:N`) trains it on the worker with distill's trainer
+    "worker": {"core", "db", "decoding", "models", "jobs", "distill"},
     "bench": {"core", "decoding", "models", "jobs"},
     "distill": {"core", "decoding", "models", "jobs", "bench"},
     "cli": {"core", "db", "decoding", "models", "jobs", "worker", "bench", "distill"},
