@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a session lent a CUDA machine runs there, in one call: the CUDA tests (tests/test_gpu.py: fp32
-# greedy identity, bf16, CUDA graphs on static shapes, a draft head trained and drafting in fp32 and
+# greedy identity, bf16, CUDA graphs on static shapes, a draft head, `draft train`'s and a
+# `--draft train:N` job's, trained and drafting in fp32 and
 # bf16), then benchmarks/gpu_compile.py. Logs land in
 # $OUT (or ./gpu-out).
 #

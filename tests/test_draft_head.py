@@ -381,3 +381,16 @@ def test_a_head_trains_and_drafts_in_bf16(tmp_path):
     from tests.test_gpu import assert_head_trains_and_drafts
 
     assert_head_trains_and_drafts(tiny_llama(seed=0).to(torch.bfloat16), tmp_path, exact=False)
+
+
+def test_a_jobs_head_trains_is_stored_and_drafts_in_bf16(tmp_path):
+    """The same for a `--draft train:N` job's head, trained in place and restored from its stored form."""
+    from tests.test_gpu import assert_head_trains_and_drafts
+
+    assert_head_trains_and_drafts(tiny_llama(seed=0).to(torch.bfloat16), tmp_path, exact=False, in_job=True)
+
+
+def test_a_jobs_head_drafts_the_targets_own_greedy_output_in_fp32(tmp_path):
+    from tests.test_gpu import assert_head_trains_and_drafts
+
+    assert_head_trains_and_drafts(tiny_llama(seed=0), tmp_path, exact=True, in_job=True)

@@ -89,30 +89,40 @@ def test_cuda_graphs_decode_the_eager_tokens_on_static_shapes():
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
+@pytest.mark.parametrize("in_job", [False, True], ids=["draft-train", "train-n"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_draft_head_trains_and_drafts_on_cuda(dtype, tmp_path):
-    """`draft train`'s head on CUDA: trained in the target's dtype (bf16 by default there) on the target's
-    decoded completions, then drafting for it; in fp32 the output is the target's own greedy output (in
-    bf16 a verify of k + 1 tokens may round differently from a 1-token step, so it must only run)."""
-    assert_head_trains_and_drafts(on_cuda(tiny_llama(seed=0), dtype), tmp_path, exact=dtype == torch.float32)
+def test_a_draft_head_trains_and_drafts_on_cuda(dtype, in_job, tmp_path):
+    """`draft train`'s head on CUDA, and a `--draft train:N` job's (trained in place, then stored and
+    restored as the database keeps it): trained in the target's dtype (bf16 by default there) on the
+    target's decoded completions, then drafting for it; in fp32 the output is the target's own greedy
+    output (in bf16 a verify of k + 1 tokens may round differently from a 1-token step, so it must only
+    run)."""
+    target = on_cuda(tiny_llama(seed=0), dtype)
+    assert_head_trains_and_drafts(target, tmp_path, exact=dtype == torch.float32, in_job=in_job)
 
 
-def assert_head_trains_and_drafts(target: Any, folder: Any, exact: bool) -> None:
+def assert_head_trains_and_drafts(target: Any, folder: Any, exact: bool, in_job: bool = False) -> None:
     from specq.budget import Budget
     from specq.distill.corpus import Prompt, decode_with_target
     from specq.distill.head import HeadTrainer, new_head, read_chains
+    from specq.distill.job_head import head_config, head_weights, restored_head, train_job_head
 
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     greedy = SamplingParams(max_tokens=24, temperature=0)
     prompts = [Prompt(i, GenerationRequest(i, tuple(p), greedy)) for i, p in enumerate(_prompts() * 4)]
     sequences = decode_with_target(target, IdTokenizer(), prompts, batch_size=8, top_k=20)
-    chains, _ = read_chains(target, sequences, folder / "states.pt")
-    head = new_head(target, sequences, 48, None)
+    if in_job:  # as a worker trains, stores and loads a job's head (worker/trained_draft.py)
+        trained = train_job_head(target, sequences, Budget(tokens=20_000), depth=4)
+        assert trained.report["steps"] > 0 and trained.report["loss"] == trained.report["loss"]
+        head = restored_head(head_config(trained.head), head_weights(trained.head), target)
+    else:
+        chains, _ = read_chains(target, sequences, folder / "states.pt")
+        head = new_head(target, sequences, 48, None)
+        trainer = HeadTrainer(head, chains, Budget(tokens=20_000), depth=4, learning_rate=3e-3)
+        trainer.run(folder)
+        assert trainer.state.step > 0 and trainer.state.loss == trainer.state.loss  # trained, and not NaN
     assert next(head.parameters()).dtype == target.dtype and next(head.parameters()).device == target.device
-    trainer = HeadTrainer(head, chains, Budget(tokens=20_000), depth=4, learning_rate=3e-3)
-    trainer.run(folder)
-    assert trainer.state.step > 0 and trainer.state.loss == trainer.state.loss  # trained, and not NaN
     config = DecodingConfig(num_speculative_tokens=4, batch_size=4, fixed_k=True)
     engine = SpeculativeEngine(target, IdTokenizer(), head.eval(), config)
     requests = [GenerationRequest(i, tuple(p), greedy) for i, p in enumerate(_prompts())]
