@@ -58,6 +58,8 @@ def train_job_head(
         head, chains, budget, depth=depth, learning_rate=HEAD_LEARNING_RATE, seed=seed, elapsed_s=read_s
     )
     losses = []
+    # its own loop, not the trainer's `run`: that checkpoints to a folder every few steps (the head and
+    # its optimizer, tens of MB each time), which a job that trains again from the start has no use for
     with torch.enable_grad():
         while not trainer.done():
             step_started = time.perf_counter()

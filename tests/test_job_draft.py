@@ -185,6 +185,15 @@ def test_a_worker_killed_while_it_trains_the_draft_costs_time_never_a_result(
 
     wait_for(training_row, 60, "the worker training the job's draft", poll=0.02)
     victim.stop(signal.SIGKILL)
+
+    def claim_lapsed():
+        with db.session() as session:
+            row = session.get(TrainedDraft, job_id)
+            return row is not None and row.lease_expires_at is not None and row.lease_expires_at < utcnow()
+
+    # the heir starts once the dead trainer's claim has lapsed, however fast it starts: so it is the heir
+    # that trains again, not a chunk it ran target-only while the claim still held
+    wait_for(claim_lapsed, 30, "the killed trainer's claim to lapse")
     heir = start_worker(env)
     info = wait_state(env, job_id, {"completed", "failed", "cancelled"})
     assert "stopped renewing its claim; training here" in heir.output()  # trained again, from the start
