@@ -61,10 +61,8 @@ def run(
             param_hint="'--draft'",
         )
     path = output_path or default_output_path(input_path)
-    options = dict(
-        vars(generation)
-    )  # target, draft, decoding, sampling, device, dtype, chat_template, served_model_name
-    del options["draft_training"]  # None here, and no argument of run_file
+    # run_file's keyword arguments: the generation options but `draft_training` (None here)
+    options = {name: value for name, value in vars(generation).items() if name != "draft_training"}
     with specq_errors(), _RunProgress(progress) as bar:
         summary = run_file(
             input_path,
