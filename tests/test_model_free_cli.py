@@ -90,14 +90,22 @@ def test_status_splits_acceptance_by_proposer(pg_db_url, redis_url, tiny_pair, t
     env = services_env(pg_db_url, redis_url, tmp_path / "home")
     path = write_requests(tmp_path / "in.jsonl", LINES)
     worker = start_worker(env)
-    job_id = submit_job(env, path, "--target", tiny_pair[0], "--draft", tiny_pair[1], "--model-free", "suffix")
-    info = wait_state(env, job_id, {"completed", "failed", "cancelled"})
-    assert info["state"] == "completed", info
-    assert info["model_free"] == "suffix" and info["draft"] == tiny_pair[1]
-    split = info["acceptance_by_proposer"]
-    assert set(split) == {"draft", "ngram", "suffix"}
-    assert sum(c["draft_tokens"] for c in split.values()) == info["num_draft_tokens"] > 0
-    assert sum(c["accepted_tokens"] for c in split.values()) == info["num_accepted_tokens"]
-    assert split["ngram"]["draft_tokens"] + split["suffix"]["draft_tokens"] > 0
-    assert job_status(env, job_id)["acceptance_by_proposer"] == split
+
+    def split_of(*args: str) -> dict[str, dict[str, int]]:
+        job_id = submit_job(env, path, "--target", tiny_pair[0], *args)
+        info = wait_state(env, job_id, {"completed", "failed", "cancelled"})
+        assert info["state"] == "completed", info
+        split = info["acceptance_by_proposer"]
+        assert set(split) == {"draft", "ngram", "suffix"}
+        assert sum(c["draft_tokens"] for c in split.values()) == info["num_draft_tokens"] > 0
+        assert sum(c["accepted_tokens"] for c in split.values()) == info["num_accepted_tokens"]
+        assert job_status(env, job_id)["acceptance_by_proposer"] == split
+        return split
+
+    # Which proposer a hybrid's rows take follows the step times the worker measures (tested in-process
+    # with modelled times: tests/test_model_free.py), so here only its sums are the verdict ...
+    split_of("--draft", tiny_pair[1], "--model-free", "suffix")
+    # ... and the split is shown by proposers that offer whenever they match: lookups alone at a fixed k
+    split = split_of("--draft", "suffix", "--fixed-k")
+    assert split["draft"]["draft_tokens"] == 0 and split["ngram"]["draft_tokens"] > 0
     assert worker.stop() == 0, worker.output()
