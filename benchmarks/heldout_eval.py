@@ -4,6 +4,7 @@ same file), `distill.evaluate.evaluate_draft` as the command calls it.
 
     python benchmarks/heldout_eval.py --target T --data PROMPTS.jsonl --draft DIR [--heldout 32]
         [--max-tokens 48] [--batch-sizes 1,16] [--repeats 5] [--temperature 0.7 --seed 1234]
+        [--compile on]   # target-only and the draft over the compiled target
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None, help="the sampling seed")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="off")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -53,7 +55,9 @@ def main() -> None:
         specs = list(iter_request_specs(args.data, None, name=args.data, prepare=chat_lines))
     prompts = prepare_prompts(iter(specs), tokenizer, sampling, args.data)
     _, heldout = split(len(prompts), settings.heldout_count(len(prompts)), settings.seed)
-    report = evaluate_draft(settings, args.draft, [prompts[i].request.prompt_token_ids for i in heldout], print)
+    heldout_ids = [prompts[i].request.prompt_token_ids for i in heldout]
+    report = evaluate_draft(settings, args.draft, heldout_ids, print, args.compile)
+    print(report["compile"])
     for line in summary_lines(report):
         print(line)
 

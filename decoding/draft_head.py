@@ -15,9 +15,10 @@ whole 49,152 x 576 head costs about a fifth of a target forward per draft token;
 sixth of that. Both tables are the target's, frozen and shared with it, never stored with the head.
 
 The target's final hidden states are read by a forward pre-hook on its LM head (`HiddenTap`, in
-decoding/hf_model.py), installed only on a target that a head drafts for: the verify pass computes them
-anyway, so reading them costs nothing, and target-only decoding and the other proposers run exactly as
-before. After each verify the row's new state is the hidden state at its last accepted position. A row's
+decoding/hf_model.py), installed on every target a load makes before it is compiled, so that a compiled
+target's graphs return them too: the verify pass computes them anyway, so reading them costs nothing
+(a reference to the LM head's input; on CUDA graphs a copy of [rows, k + 1, H] where a head reads it).
+After each verify the row's new state is the hidden state at its last accepted position. A row's
 first state is its prefill's at the prompt's last position (the one whose logits gave its first token),
 which the prefill picks per group of rows as it picks those logits (`RaggedLM.prefill_rows`), so a row
 drafts from its first step. Where the prefill gives none (a target that cannot return the last

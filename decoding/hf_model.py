@@ -279,8 +279,12 @@ class RaggedLM:
             input_ids = input_ids.clone(memory_format=torch.contiguous_format)
         logits = forward(input_ids, columns, cache.plan.kv_length, cache, keep)
         if self.cuda_graphed and forward is self._forward:
-            # a CUDA graph's outputs live in its memory pool, overwritten by its next replay
+            # a CUDA graph's outputs live in its memory pool, overwritten by its next replay: the hidden
+            # states too, kept only where a head reads them
             logits = logits.clone()
+            tap = HiddenTap.of(self.model)
+            if tap is not None and tap.latest is not None:
+                tap.latest = tap.latest.clone() if tap is self.hidden_tap else None
         if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0
             logits = torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits
@@ -362,7 +366,12 @@ def start_token_id(tokenizer: Tokenizer) -> int | None:
 
 class HiddenTap:
     """The input of a target's LM head at its latest forward: the final hidden states [rows, T, H] of
-    the positions whose logits it computed. One tap per target, installed on first use."""
+    the positions whose logits it computed. One tap per target.
+
+    A forward pre-hook on the LM head records them. torch.compile traces a hook that is there when it
+    compiles into the graph (the states become one more output of it, no copy), but never sees one added
+    later (dynamo does not guard on a module's hooks): `install` before compiling a target, as
+    models/loading.py does for every target it loads, so a draft head reads a compiled target too."""
 
     _taps: ClassVar[weakref.WeakKeyDictionary[torch.nn.Module, HiddenTap]] = weakref.WeakKeyDictionary()
 
@@ -374,12 +383,26 @@ class HiddenTap:
         self.latest = args[0]
 
     @classmethod
-    def on(cls, target: CausalLM) -> HiddenTap:
+    def install(cls, target: CausalLM) -> HiddenTap:
+        """The target's tap, installed now where it has none."""
         lm_head = target.get_output_embeddings()
         tap = cls._taps.get(lm_head)
         if tap is None:
             tap = cls._taps[lm_head] = cls(lm_head)
         return tap
+
+    @classmethod
+    def of(cls, target: CausalLM) -> HiddenTap | None:
+        return cls._taps.get(target.get_output_embeddings())
+
+    @classmethod
+    def on(cls, target: CausalLM) -> HiddenTap:
+        """The tap a draft head reads `target` by; ValueError where `target` was compiled without one,
+        whose forwards would never record a state."""
+        tap = cls.of(target)
+        if tap is None and hasattr(target, "_orig_mod"):
+            raise ValueError("the target was compiled before its hidden states were tapped (HiddenTap.install)")
+        return tap or cls.install(target)
 
     def take(self) -> torch.Tensor | None:
         latest, self.latest = self.latest, None

@@ -31,14 +31,16 @@ def evaluate_draft(
     draft_dir: str,
     prompts: Sequence[Sequence[int]],
     progress: Callable[[str], None] = lambda message: None,
+    compile: str = "off",
 ) -> dict[str, Any]:
     """The draft in `draft_dir` with the target on the held-out `prompts` (token ids), at each of the
     settings' evaluation batch sizes, greedy unless the settings sample: one row per batch size, its
-    speed-ups the median of the rounds' ratios where there are several (`eval_repeats`)."""
+    speed-ups the median of the rounds' ratios where there are several (`eval_repeats`). `compile`:
+    the target's forwards as `--compile` takes it, target-only's and the draft's alike."""
     from specq.bench.runner import BenchSettings, run_bench
     from specq.models.loading import load_pair, resolve_device
 
-    pair = load_pair(settings.target, draft_dir, resolve_device(settings.device), settings.dtype)
+    pair = load_pair(settings.target, draft_dir, resolve_device(settings.device), settings.dtype, compile, warm_up=True)
     sampling = settings.sampling
     bench = BenchSettings(
         batch_sizes=settings.eval_batch_sizes,
@@ -59,6 +61,7 @@ def evaluate_draft(
         "temperature": bench.temperature,
         "num_speculative_tokens": bench.num_speculative_tokens,
         "repeats": bench.repeats,
+        "compile": pair.compile_line() or "off",
         "rows": [{name: row.get(name) for name in REPORTED} for row in results["rows"]],
     }
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from specq.errors import ModelCompileError, ModelLoadError, reason
+from specq.errors import ModelLoadError, reason
 from specq.models import gguf
 from specq.models.families import attention_implementation, why_unsupported
 
@@ -264,6 +264,7 @@ def load_pair(
     (`ModelPair.measure_compiled_speedups`).
     """
     from specq.decoding.draft_head import is_head_folder, load_head
+    from specq.decoding.hf_model import HiddenTap
 
     tokenizer = load_tokenizer(target)
     # a draft head (`specq draft train --proposer head`) is a folder of its own kind, loaded onto the target
@@ -290,14 +291,10 @@ def load_pair(
                 f"{len(tokenizer)} tokens of its tokenizer"
             )
     pair = ModelPair(target=target_model, draft=draft_model, tokenizer=tokenizer, target_name=target, draft_name=draft)
-    # a head reads the target's hidden states through a hook on its LM head, which a compiled forward
-    # would trace away: the pair runs eagerly (`auto` so decides; `on` asked for what cannot be)
-    if compile == "on" and head:
-        raise ModelCompileError(
-            f"--compile on: the target {target!r} cannot be compiled beside the draft head {draft!r} "
-            "(the head reads its hidden states); use --compile auto or off"
-        )
-    if compile != "off" and not head:
+    # a draft head reads the target's hidden states through a hook on its LM head, which a compile traces
+    # only if it is there first: on every target, for a head loaded now or trained later by its job
+    HiddenTap.install(target_model)
+    if compile != "off":
         from specq.decoding.compiled import FirstForwards, compile_model, warm_up_decoding
 
         def compiled_role(role: str, model: PreTrainedModel, name: str, first: FirstForwards) -> Any:
@@ -314,7 +311,7 @@ def load_pair(
         # what a job runs first: the target verifies k + 1 tokens behind a draft model, one alone
         widths = (2,) if draft_model is not None else (1,)
         pair.target = compiled_role("target", target_model, target, FirstForwards(first_rows, widths=widths))
-        if draft_model is not None and draft is not None:
+        if draft_model is not None and draft is not None and not head:  # a head's steps are too small to gain
             first = FirstForwards(first_rows, widths=(1,))
             pair.draft = compiled_role("draft", draft_model, draft, first)
         if warm_up and any(outcome.compiled for outcome in pair.compiled.values()):

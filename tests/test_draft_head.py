@@ -337,19 +337,40 @@ def test_a_broken_head_folder_is_refused_in_one_line(tiny_pair, head_dir, tmp_pa
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_compile_on_with_a_head_is_refused_in_one_line_and_auto_runs_eagerly(tiny_pair, head_dir, tmp_path):
-    """The head reads the target's hidden states through a hook that a compiled forward would trace away:
-    `on` asked for what cannot be (exit 2, as for any model that cannot compile); `auto` decodes eagerly."""
+def test_a_head_drafts_for_a_compiled_target_as_for_an_eager_one(tiny_pair, head_dir, tmp_path, monkeypatch):
+    """The head reads the target's hidden states through a hook on its LM head that a load installs
+    before it compiles the target, so the compiled graphs return them: the same drafts, the same accepted
+    tokens and the target's own output, compiled or not."""
+    monkeypatch.setenv("SPECQ_COMPILE_BACKEND", "aot_eager")  # the graphs inductor would take, no codegen
     target, _ = tiny_pair
     folder, _ = head_dir
-    requests = write_requests(tmp_path / "in.jsonl", [{"id": "a", "prompt": "def add(a, b):", "temperature": 0}])
-    common = ["run", requests, "--target", target, "--draft", str(folder), "--max-tokens", "8", "--device", "cpu"]
-    refused = invoke([*common, "-o", str(tmp_path / "on.jsonl"), "--compile", "on"])
-    assert refused.exit_code == 2, refused.output
-    assert "cannot be compiled beside the draft head" in refused.stderr
-    assert not (tmp_path / "on.jsonl").exists()
-    eager = invoke([*common, "-o", str(tmp_path / "auto.jsonl"), "--compile", "auto"])
-    assert eager.exit_code == 0, eager.output
+    lines = [{"id": f"r{i}", "prompt": f"def add{i}(a, b):", "temperature": 0} for i in range(3)]
+    requests = write_requests(tmp_path / "in.jsonl", lines)
+    common = ["run", requests, "--target", target, "--max-tokens", "12", "--device", "cpu", "--fixed-k"]
+    runs = {}
+    for name, args in {
+        "alone": ["--compile", "off"],
+        "eager": ["--draft", str(folder), "--compile", "off"],
+        "compiled": ["--draft", str(folder), "--compile", "on"],
+    }.items():
+        result = invoke([*common, *args, "-o", str(tmp_path / f"{name}.jsonl")])
+        assert result.exit_code == 0, result.output
+        records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        runs[name] = {r["id"]: (r["tokens"], r["draft_tokens"], r["accepted_tokens"]) for r in records}
+    assert runs["compiled"] == runs["eager"]
+    assert {i: t for i, (t, _, _) in runs["eager"].items()} == {i: t for i, (t, _, _) in runs["alone"].items()}
+    assert sum(d for _, d, _ in runs["compiled"].values()) > 0
+
+
+def test_a_head_on_a_target_compiled_without_its_tap_is_refused():
+    """dynamo never sees a hook added after it compiled: such a head would never get a state to draft from."""
+    from specq.decoding.compiled import compile_model
+    from specq.decoding.hf_model import HiddenTap
+
+    compiled, outcome = compile_model(tiny_llama(), "untapped", "on", backend="aot_eager", measure_at_load=False)
+    assert outcome.compiled
+    with pytest.raises(ValueError, match="compiled before its hidden states were tapped"):
+        HiddenTap.on(compiled)
 
 
 def test_a_head_trains_at_its_own_learning_rate_unless_one_is_given():

@@ -89,6 +89,39 @@ def test_cuda_graphs_decode_the_eager_tokens_on_static_shapes():
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
+def test_a_draft_head_drafts_for_a_cuda_graphed_target():
+    """The head reads the hidden states a CUDA-graphed target's graphs return (the tap installed before
+    the compile, as a load does): it drafts, the graphs skip nothing, and fp32 output is the target's."""
+    from torch._dynamo.utils import counters
+
+    from specq.budget import Budget
+    from specq.decoding.compiled import compile_model
+    from specq.decoding.hf_model import HiddenTap
+    from specq.decoding.static_shapes import is_cuda_graphed
+    from specq.distill.corpus import Prompt, decode_with_target
+    from specq.distill.job_head import train_job_head
+
+    target = on_cuda(tiny_llama(seed=0))
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    greedy = SamplingParams(max_tokens=24, temperature=0)
+    prompts = [Prompt(i, GenerationRequest(i, tuple(p), greedy)) for i, p in enumerate(_prompts() * 4)]
+    sequences = decode_with_target(target, IdTokenizer(), prompts, batch_size=8, top_k=20)
+    head = train_job_head(target, sequences, Budget(tokens=20_000), depth=4).head.eval()
+    HiddenTap.install(target)
+    compiled, outcome = compile_model(target, "target", "on")
+    assert outcome.compiled and is_cuda_graphed(compiled)
+    requests = [GenerationRequest(i, tuple(p), greedy) for i, p in enumerate(_prompts())]
+    for batch_size in (4, 1):
+        config = DecodingConfig(num_speculative_tokens=4, batch_size=batch_size, fixed_k=True)
+        engine = SpeculativeEngine(compiled, IdTokenizer(), head, config)
+        results = {r.key: r for r in engine.generate(requests)}
+        assert engine.stats.num_draft_tokens > 0 and engine.stats.num_accepted_tokens > 0
+        for i, prompt in enumerate(_prompts()):
+            assert results[i].token_ids == _reference(target, prompt, 24)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
 @pytest.mark.parametrize("in_job", [False, True], ids=["draft-train", "train-n"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_draft_head_trains_and_drafts_on_cuda(dtype, in_job, tmp_path):

@@ -55,14 +55,19 @@ def _exported_tokens(env: dict, job_id: str, tmp_path) -> dict[str, list[int]]:
     return {r["id"]: r["tokens"] for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
 
 
-@pytest.mark.parametrize("model_free", [None, "suffix"])
+@pytest.mark.parametrize(
+    ("model_free", "compile"), [(None, "auto"), ("suffix", "auto"), (None, "on")], ids=["head", "hybrid", "compiled"]
+)
 def test_a_job_trains_its_draft_on_its_first_requests_and_speculates_on_the_rest_losslessly(
-    tiny_pair, tmp_path, model_free
+    tiny_pair, tmp_path, model_free, compile
 ):
-    env = {"SPECQ_HOME": str(tmp_path / "home")}
+    # compiled: the head reads the states the compiled target's graphs return (the graphs inductor would
+    # take, without its code generation)
+    env = {"SPECQ_HOME": str(tmp_path / "home"), "SPECQ_COMPILE_BACKEND": "aot_eager"}
     path = write_requests(tmp_path / "in.jsonl", LINES)
     # K fixed: an adaptive policy may rest a head as weak as one trained on 8 tiny completions
     args = ["submit", path, "--target", tiny_pair[0], "--draft", "train:8:20k", "--fixed-k", "--batch-size", "4"]
+    args += ["--compile", compile]
     if model_free is not None:  # the hybrid: the trained head beside the suffix index
         args += ["--model-free", model_free]
     result = invoke([*args, "--wait"], env)

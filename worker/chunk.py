@@ -461,9 +461,8 @@ def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, w
     for result in triage.exhausted:
         writer.add(result)
     training = settings.draft_training
-    compile = "off" if training is not None else settings.compile  # a head reads an eager target's states
     try:
-        pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, compile)
+        pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, settings.compile)
     except Exception as exc:  # ModelLoadError, or out of memory while loading
         if ctx.config.broker is not None and _this_workers_fault(exc, ctx, settings):
             # this worker's fault (disk, permissions, memory), not the job's: another worker may load
