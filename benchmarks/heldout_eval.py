@@ -49,6 +49,7 @@ def main() -> None:
         eval_batch_sizes=tuple(int(size) for size in args.batch_sizes.split(",")),
         eval_repeats=args.repeats,
         num_speculative_tokens=args.k,
+        eval_compile=args.compile,
     )
     tokenizer = load_tokenizer(args.target)
     with ChatLines(args.target, None, lambda _: tokenizer) as chat_lines:
@@ -56,8 +57,7 @@ def main() -> None:
     prompts = prepare_prompts(iter(specs), tokenizer, sampling, args.data)
     _, heldout = split(len(prompts), settings.heldout_count(len(prompts)), settings.seed)
     heldout_ids = [prompts[i].request.prompt_token_ids for i in heldout]
-    report = evaluate_draft(settings, args.draft, heldout_ids, print, args.compile)
-    print(report["compile"])
+    report = evaluate_draft(settings, args.draft, heldout_ids, print)
     for line in summary_lines(report):
         print(line)
 

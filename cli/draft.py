@@ -12,6 +12,7 @@ import click
 from specq.cli.group import cli
 from specq.cli.options import (
     DTYPES,
+    compile_option,
     float_range,
     input_limit_options,
     int_range,
@@ -208,6 +209,11 @@ def draft() -> None:
     show_default=True,
     help="Timed passes of each way of decoding, in turns: the speed-up is the median of the rounds' ratios.",
 )
+@compile_option(
+    "auto",
+    "The held-out measurement's compiled forwards, target-only's and the draft's alike (as run and submit "
+    "take --compile): its speed-up is then over target-only as you would run it.",
+)
 @click.option("--progress/--no-progress", default=True, help="Progress bars on stderr. [default: on]")
 @input_limit_options
 def train(
@@ -241,6 +247,7 @@ def train(
     eval_batch_sizes: tuple[int, ...],
     eval_warmup: int,
     eval_repeats: int,
+    compile: str,
     progress: bool,
     input_limits: InputLimits,
 ) -> None:
@@ -288,6 +295,7 @@ def train(
                 num_speculative_tokens=num_speculative_tokens,
                 eval_warmup=eval_warmup,
                 eval_repeats=eval_repeats,
+                eval_compile=compile,
             )
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None

@@ -31,16 +31,15 @@ def evaluate_draft(
     draft_dir: str,
     prompts: Sequence[Sequence[int]],
     progress: Callable[[str], None] = lambda message: None,
-    compile: str = "off",
 ) -> dict[str, Any]:
     """The draft in `draft_dir` with the target on the held-out `prompts` (token ids), at each of the
     settings' evaluation batch sizes, greedy unless the settings sample: one row per batch size, its
-    speed-ups the median of the rounds' ratios where there are several (`eval_repeats`). `compile`:
-    the target's forwards as `--compile` takes it, target-only's and the draft's alike."""
+    speed-ups the median of the rounds' ratios where there are several (`eval_repeats`); the
+    models compiled as `eval_compile` says, so target-only is as fast as the user would run it."""
     from specq.bench.runner import BenchSettings, run_bench
     from specq.models.loading import load_pair, resolve_device
 
-    pair = load_pair(settings.target, draft_dir, resolve_device(settings.device), settings.dtype, compile, warm_up=True)
+    pair = load_pair(settings.target, draft_dir, resolve_device(settings.device), settings.dtype, settings.eval_compile)
     sampling = settings.sampling
     bench = BenchSettings(
         batch_sizes=settings.eval_batch_sizes,
@@ -61,7 +60,8 @@ def evaluate_draft(
         "temperature": bench.temperature,
         "num_speculative_tokens": bench.num_speculative_tokens,
         "repeats": bench.repeats,
-        "compile": pair.compile_line() or "off",
+        # whether both sides ran the compiled target; a run finished by an earlier release did not record it
+        "compiled": bool(pair.compiled.get("target") and pair.compiled["target"].compiled),
         "rows": [{name: row.get(name) for name in REPORTED} for row in results["rows"]],
     }
 
@@ -71,13 +71,15 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     how = "greedy" if report["temperature"] == 0 else f"T={report['temperature']:g}"
     repeats = report.get("repeats", 1)  # a run finished by an earlier release did not record it
     rounds = f", the median of {repeats} rounds" if repeats > 1 else ""
+    compiled = report.get("compiled")
+    forwards = "" if compiled is None else (", the target compiled" if compiled else ", the target eager")
     lines = []
     for row in report["rows"]:
         same = row["same_output"]
         check = "" if same is None else ("; outputs identical to target-only" if same else "; OUTPUTS DIFFER")
         lines.append(
             f"held-out ({report['prompts']} prompts, {how}, K={report['num_speculative_tokens']}, batch "
-            f"{row['batch_size']}): acceptance {_number(row['acceptance_rate'])} (K fixed), "
+            f"{row['batch_size']}{forwards}): acceptance {_number(row['acceptance_rate'])} (K fixed), "
             f"{_number(row['spec_acceptance_rate'])} (adaptive); speed-up over target-only "
             f"{_number(row['spec_over_target_only'], 'x')} (adaptive), {_number(row['speedup_fixed'], 'x')} (K fixed)"
             f"{rounds}{check}"

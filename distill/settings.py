@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from specq.budget import Budget
 from specq.decoding.types import SamplingParams
+from specq.limits import COMPILE_MODES
 
 Loss = Literal["fkl", "tvd"]
 LOSSES: tuple[Loss, ...] = ("fkl", "tvd")
@@ -65,6 +66,7 @@ class DistillSettings:
     num_speculative_tokens: int = 4  # K of the held-out measurement
     eval_warmup: int = 1  # untimed passes of each contender before its timed one, as `specq bench`
     eval_repeats: int = 1  # timed passes of each contender, in turns, as `specq bench --repeats`
+    eval_compile: str = "auto"  # the measurement's forwards, as `--compile` (decoding.compiled), both sides alike
 
     def __post_init__(self) -> None:
         if self.proposer not in PROPOSER_KINDS:
@@ -84,6 +86,8 @@ class DistillSettings:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
         if self.eval_repeats < 1:
             raise ValueError(f"eval_repeats must be >= 1, got {self.eval_repeats}")
+        if self.eval_compile not in COMPILE_MODES:
+            raise ValueError(f"eval_compile must be one of {', '.join(COMPILE_MODES)}, got {self.eval_compile!r}")
         if not self.eval_batch_sizes or min(self.eval_batch_sizes) < 1:
             raise ValueError(f"eval batch sizes must be >= 1, got {self.eval_batch_sizes}")
 
@@ -104,7 +108,7 @@ class DistillSettings:
         """What must be the same for a run to resume another: everything that decides the weights. The
         device, dtype and the evaluation's settings may change between tries."""
         out = asdict(self)
-        for name in ("device", "dtype", "eval_batch_sizes", "eval_warmup", "eval_repeats"):
+        for name in ("device", "dtype", "eval_batch_sizes", "eval_warmup", "eval_repeats", "eval_compile"):
             out.pop(name)
         if self.proposer == "model":  # a head trains chains K deep: K decides its weights, not a model's
             out.pop("num_speculative_tokens")

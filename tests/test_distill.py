@@ -161,7 +161,7 @@ def test_draft_train_writes_a_folder_that_draft_takes_and_reports_the_held_out_s
     data = write_requests(tmp_path / "prompts.jsonl", _prompt_lines(24))
     result = _train(target, data, tmp_path / "draft", "--eval-repeats", "2")
     assert result.exit_code == 0, result.output
-    assert "held-out (2 prompts, greedy, K=4, batch 1): acceptance" in result.stderr
+    assert "held-out (2 prompts, greedy, K=4, batch 1, the target eager): acceptance" in result.stderr
     assert "speed-up over target-only" in result.stderr and "the median of 2 rounds" in result.stderr
     assert "outputs identical to target-only" in result.stderr
     assert result.stdout == f"{tmp_path / 'draft'}\n"

@@ -164,11 +164,13 @@ FAST = [
 
 @pytest.fixture(scope="module")
 def head_dir(tiny_pair, tmp_path_factory):
-    """`specq draft train --proposer head`'s folder on the tiny target, and the command's result."""
+    """`specq draft train --proposer head`'s folder on the tiny target, and the command's result; its
+    held-out measurement over the compiled target (the graphs inductor would take, no code generation)."""
     target, _ = tiny_pair
     root = tmp_path_factory.mktemp("head")
     data = write_requests(root / "prompts.jsonl", _prompt_lines(24))
-    result = invoke(["draft", "train", "--target", target, "--data", data, "-o", str(root / "head"), *FAST])
+    argv = ["draft", "train", "--target", target, "--data", data, "-o", str(root / "head"), *FAST, "--compile", "on"]
+    result = invoke(argv, {"SPECQ_COMPILE_BACKEND": "aot_eager"})
     return root / "head", result
 
 
@@ -177,6 +179,7 @@ def test_draft_train_head_writes_a_folder_that_draft_takes(tiny_pair, head_dir, 
     folder, result = head_dir
     assert result.exit_code == 0, result.output
     assert "a draft head (" in result.stderr and "outputs identical to target-only" in result.stderr
+    assert "batch 1, the target compiled): acceptance" in result.stderr  # target-only compiled as the head's
     assert (folder / HEAD_CONFIG).is_file() and not (folder / "config.json").exists()
     alone, with_head = run_alone_and_with_draft(target, folder, tmp_path)
     assert with_head["tokens"] == alone["tokens"]
