@@ -115,6 +115,8 @@ class SpeculativeEngine:
         self.static_shapes = self.config.static_shapes or any(
             is_cuda_graphed(model) for model in (target, draft_model) if model is not None
         )
+        # a compiled model (decoding/compiled.py) compiles lazily what its load did not: such a step is not timed
+        self._compiled = any(hasattr(model, "_orig_mod") for model in (target, draft_model) if model is not None)
         self.target_lm = RaggedLM(target, static=self.static_shapes)
         self.device = self.target_lm.device
         draft_lm = None if draft_model is None else RaggedLM(draft_model, static=self.static_shapes)
@@ -252,7 +254,8 @@ class SpeculativeEngine:
 
     # -- one step: propose, verify, accept, advance, finish -----------------------------------------
     def _step(self, batch: BatchState) -> Iterator[GenerationResult]:
-        watch = Stopwatch(self.device)  # from the offers on: a model-free proposer's lookups are part of a step
+        # from the offers on: a model-free proposer's lookups are part of a step
+        watch = Stopwatch(self.device, compiled=self._compiled)
         live = batch.live_rows()
         batch.held_prompts.forget_idle(live)
         plan = plan_drafts(batch, live, self.proposer, self.policy, self.max_context, draining=self._draining)
@@ -280,7 +283,7 @@ class SpeculativeEngine:
         t_offer, t_draft, t_target, t_rest = watch.seconds()
         t_draft = max(t_draft - prefilled_s, 0.0)
         t_step = t_offer + t_draft + t_target + t_rest
-        if self.max_k:
+        if self.max_k and not watch.compiled_a_graph():  # a compile's seconds are no step's cost
             offers_s = t_offer if plan.offered else None
             self.policy.observe_step(
                 batch.rows, k, t_draft, t_target, t_step, t_offer=offers_s, draft_forwards=plan.draft_forwards

@@ -109,6 +109,36 @@ def test_a_load_compiles_one_graph_a_model_that_serves_every_prompt_and_cache_le
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_a_step_that_compiles_a_graph_teaches_the_policy_nothing(pair, monkeypatch, tmp_path) -> None:
+    """A verify width the load did not compile is compiled by the step that first takes it: seconds of
+    the compiler's, which the policy must not take for what a step of that width costs."""
+    from specq.decoding.compiled import FirstForwards
+    from specq.decoding.stopwatch import graphs_compiled
+
+    monkeypatch.setenv("SPECQ_HOME", str(tmp_path))
+    target, draft = pair
+    # as a `--draft train:N` job's target: its load compiled target-only's 1-token steps alone
+    first = FirstForwards(1, widths=(1,))
+    compiled, _ = compile_model(target, "width-1", "on", backend="aot_eager", first=first, measure_at_load=False)
+    config = DecodingConfig(num_speculative_tokens=3, batch_size=1, fixed_k=True, strict=True)
+    engine = SpeculativeEngine(compiled, IdTokenizer(), draft, config)
+    observed: list[int] = []
+    observe = engine.policy.observe_step
+
+    def observing(rows: int, k: int, *args, **kwargs) -> None:
+        observed.append(k)
+        observe(rows, k, *args, **kwargs)
+
+    monkeypatch.setattr(engine.policy, "observe_step", observing)
+    before = graphs_compiled()
+    request = GenerationRequest(0, tuple(PROMPTS[0]), SamplingParams(max_tokens=12, temperature=0))
+    (result,) = engine.generate([request])
+    compiled_now = graphs_compiled() - before
+    assert result.token_ids == reference_greedy(target, PROMPTS[0], 12)
+    assert compiled_now >= 1  # the verify of k + 1 tokens compiled its graph in the job
+    assert 1 <= engine.stats.num_steps - len(observed) <= compiled_now  # those steps alone went unobserved
+
+
 def test_static_shapes_compile_a_jobs_graphs_once(pair, compiled_pair) -> None:
     """The static-shape path (what CUDA graphs need) decodes the same tokens compiled, and once a job
     has run, jobs of other sizes, prompts and lengths compile no graph more."""
