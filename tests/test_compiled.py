@@ -109,34 +109,55 @@ def test_a_load_compiles_one_graph_a_model_that_serves_every_prompt_and_cache_le
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-def test_a_step_that_compiles_a_graph_teaches_the_policy_nothing(pair, monkeypatch, tmp_path) -> None:
+_COMPILING_STEPS = """
+import json
+from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
+from specq.decoding.compiled import FirstForwards, compile_model
+from specq.decoding.stopwatch import graphs_compiled
+from tests.test_compiled import PROMPTS
+from tests.tiny_models import IdTokenizer, noisy_copy, reference_greedy, tiny_llama
+
+target = tiny_llama(vocab=64, layers=1, hidden=32, seed=3)
+draft = noisy_copy(target, scale=0.05)
+# as a `--draft train:N` job's target: its load compiled target-only's 1-token steps alone
+first = FirstForwards(1, widths=(1,))
+compiled, _ = compile_model(target, "width-1", "on", backend="aot_eager", first=first, measure_at_load=False)
+config = DecodingConfig(num_speculative_tokens=3, batch_size=1, fixed_k=True, strict=True)
+engine = SpeculativeEngine(compiled, IdTokenizer(), draft, config)
+observed = []
+observe = engine.policy.observe_step
+engine.policy.observe_step = lambda rows, k, *args, **kwargs: observed.append(k) or observe(rows, k, *args, **kwargs)
+before = graphs_compiled()
+(result,) = engine.generate([GenerationRequest(0, tuple(PROMPTS[0]), SamplingParams(max_tokens=12, temperature=0))])
+print(json.dumps({
+    "greedy": result.token_ids == reference_greedy(target, PROMPTS[0], 12),
+    "compiled": graphs_compiled() - before,
+    "steps": engine.stats.num_steps,
+    "observed": len(observed),
+}))
+"""
+
+
+def test_a_step_that_compiles_a_graph_teaches_the_policy_nothing(tmp_path) -> None:
     """A verify width the load did not compile is compiled by the step that first takes it: seconds of
-    the compiler's, which the policy must not take for what a step of that width costs."""
-    from specq.decoding.compiled import FirstForwards
-    from specq.decoding.stopwatch import graphs_compiled
+    the compiler's, which the policy must not take for what a step of that width costs. In a process of
+    its own: torch.compile keeps the graphs of every model of a process, so this one's would be made."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    monkeypatch.setenv("SPECQ_HOME", str(tmp_path))
-    target, draft = pair
-    # as a `--draft train:N` job's target: its load compiled target-only's 1-token steps alone
-    first = FirstForwards(1, widths=(1,))
-    compiled, _ = compile_model(target, "width-1", "on", backend="aot_eager", first=first, measure_at_load=False)
-    config = DecodingConfig(num_speculative_tokens=3, batch_size=1, fixed_k=True, strict=True)
-    engine = SpeculativeEngine(compiled, IdTokenizer(), draft, config)
-    observed: list[int] = []
-    observe = engine.policy.observe_step
-
-    def observing(rows: int, k: int, *args, **kwargs) -> None:
-        observed.append(k)
-        observe(rows, k, *args, **kwargs)
-
-    monkeypatch.setattr(engine.policy, "observe_step", observing)
-    before = graphs_compiled()
-    request = GenerationRequest(0, tuple(PROMPTS[0]), SamplingParams(max_tokens=12, temperature=0))
-    (result,) = engine.generate([request])
-    compiled_now = graphs_compiled() - before
-    assert result.token_ids == reference_greedy(target, PROMPTS[0], 12)
-    assert compiled_now >= 1  # the verify of k + 1 tokens compiled its graph in the job
-    assert 1 <= engine.stats.num_steps - len(observed) <= compiled_now  # those steps alone went unobserved
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "SPECQ_HOME": str(tmp_path), "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILING_STEPS], capture_output=True, text=True, env=env, cwd=root, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["greedy"]
+    assert seen["compiled"] >= 1  # the verify of k + 1 tokens compiled its graph in the job
+    assert 1 <= seen["steps"] - seen["observed"] <= seen["compiled"]  # those steps alone went unobserved
 
 
 def test_static_shapes_compile_a_jobs_graphs_once(pair, compiled_pair) -> None:
