@@ -172,6 +172,8 @@ class RaggedLM:
         # the tap a draft head reads the model's final hidden states by (decoding/draft_head.py): after
         # `prefill_rows` it holds those of each row's last position, as its logits are returned
         self.hidden_tap: HiddenTap | None = None
+        # a CUDA-graphed model's tap, installed before it was compiled (HiddenTap.on refuses a later one)
+        self._graphed_tap = HiddenTap.of(model) if self.cuda_graphed else None
 
     def new_cache(self, rows: int, capacity: int) -> RaggedKVCache:
         return RaggedKVCache(self.num_layers, rows, capacity, static=self.static)
@@ -282,7 +284,7 @@ class RaggedLM:
             # a CUDA graph's outputs live in its memory pool, overwritten by its next replay: the hidden
             # states too, kept only where a head reads them
             logits = logits.clone()
-            tap = HiddenTap.of(self.model)
+            tap = self._graphed_tap
             if tap is not None and tap.latest is not None:
                 tap.latest = tap.latest.clone() if tap is self.hidden_tap else None
         if logits.shape[-1] < vocab_size:  # a smaller vocabulary: the missing ids get probability 0

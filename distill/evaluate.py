@@ -61,7 +61,7 @@ def evaluate_draft(
         "num_speculative_tokens": bench.num_speculative_tokens,
         "repeats": bench.repeats,
         # whether both sides ran the compiled target; a run finished by an earlier release did not record it
-        "compiled": bool(pair.compiled.get("target") and pair.compiled["target"].compiled),
+        "compiled": "target" in pair.compiled and pair.compiled["target"].compiled,
         "rows": [{name: row.get(name) for name in REPORTED} for row in results["rows"]],
     }
 
