@@ -32,8 +32,8 @@ from specq.bench import hf_baselines
 from specq.bench.runner import (
     Run,
     _BaselineContender,
-    _collect,
     _Contender,
+    _FreshIndexContender,
     _measure,
     compare_outputs,
     mean_k,
@@ -43,8 +43,7 @@ from specq.bench.runner import (
 from specq.bench.workloads import workload_token_ids
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.config import ModelFree
-from specq.decoding.k_policy import SpeculationPolicy
-from specq.decoding.stats import PROPOSERS, EngineStats, empty_by_proposer
+from specq.decoding.stats import PROPOSERS
 from specq.decoding.suffix_index import SuffixIndex
 from specq.errors import SpecqError
 
@@ -64,33 +63,6 @@ DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
 HF_CONTENDERS = ("hf_generate", "hf_prompt_lookup")
 # transformers' own default for prompt lookup's candidates a step (its documentation's example uses 10)
 HF_PROMPT_LOOKUP_TOKENS = 10
-
-
-class _FreshIndexContender(_Contender):
-    """An engine per pass, sharing one adaptive-k policy, each with an empty suffix index."""
-
-    def __init__(self, run: Run, make_engine: Callable[[SpeculationPolicy | None], SpeculativeEngine], requests):
-        super().__init__(run)
-        self.make_engine, self.requests = make_engine, requests
-        self.policy: SpeculationPolicy | None = None
-        self.timed: list[EngineStats] = []
-        self.timing = False
-
-    def once(self) -> tuple[dict[int, list[int]], float]:
-        engine = self.make_engine(self.policy)
-        self.policy = engine.policy
-        started = time.perf_counter()
-        outputs = _collect(engine.generate(self.requests))
-        seconds = time.perf_counter() - started
-        if self.timing:
-            self.timed.append(engine.stats)
-        return outputs, seconds
-
-    def begin(self) -> None:
-        self.timing = True
-
-    def end(self) -> None:
-        self.run.stats = _summed(self.timed)
 
 
 class _TimedBaselineContender(_BaselineContender):
@@ -116,31 +88,6 @@ class _TimedBaselineContender(_BaselineContender):
             "prefill_seconds": sum(r.prefill_seconds for r in self.timed) / passes,
             "decode_forwards": sum(r.decode_forwards for r in self.timed) / passes,
         }
-
-
-def _summed(all_stats: list[EngineStats]) -> dict[str, Any]:
-    """The timed passes' counters, summed; prefill seconds and decode forwards (one a step) per pass."""
-    by_proposer = empty_by_proposer()
-    k_steps: dict[int, int] = {}
-    drafted = accepted = 0
-    passes = max(len(all_stats), 1)
-    for stats in all_stats:
-        drafted += stats.num_draft_tokens
-        accepted += stats.num_accepted_tokens
-        for name, counters in stats.by_proposer.items():
-            for key, value in counters.items():
-                by_proposer[name][key] += value
-        for k, n in stats.k_steps.items():
-            k_steps[k] = k_steps.get(k, 0) + n
-    return {
-        "num_draft_tokens": drafted,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "by_proposer": by_proposer,
-        "k_steps": k_steps,
-        "prefill_seconds": sum(stats.time_prefill_s for stats in all_stats) / passes,
-        "decode_forwards": sum(stats.num_steps for stats in all_stats) / passes,
-    }
 
 
 def run_draft_axis(

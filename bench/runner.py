@@ -6,7 +6,10 @@ For each batch size B, on the same prompt token ids and sampling settings:
     spec_fixed    specq with the draft, k = K every step (what the achievable limit is computed for);
     target_only   specq without a draft (plain batched decoding, k = 0);
     hf_batched    HF `generate` on the target, B prompts at a time, left-padded;
-    hf_assisted   HF assisted generation at batch 1 (its only batch size), the same on every row.
+    hf_assisted   HF assisted generation at batch 1 (its only batch size), the same on every row;
+    spec_hybrid   with `hybrid`: the draft beside prompt lookup and the suffix index, adaptive k, as
+                  `--draft DRAFT --model-free suffix` runs it (each pass from an empty index, as
+                  bench/draft_axis.py's contenders start: no real job is fed the same prompts' outputs twice).
 
 Each run is warmed up first (`warmup` full passes over the prompts, on the same engine, so the
 adaptive policy starts from measured step times), then timed by the wall clock around the whole pass,
@@ -52,13 +55,14 @@ from specq.bench import hf_baselines
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.config import DRAFT_MODEL_SPECULATIVE_TOKENS
 from specq.decoding.k_policy import SpeculationPolicy
-from specq.decoding.stats import leviathan_bound
+from specq.decoding.stats import EngineStats, empty_by_proposer, leviathan_bound
 from specq.limits import BENCH_SPECULATIVE_TOKENS
 
 logger = logging.getLogger(__name__)
 
 SPECQ_RUNS = ("spec", "spec_fixed", "target_only")
 RUNS = (*SPECQ_RUNS, "hf_batched", "hf_assisted")
+HYBRID_RUN = "spec_hybrid"  # BenchSettings.hybrid's
 REFERENCE_RUN = "target_only"  # the target's own greedy output, to which every other run is compared
 
 
@@ -106,6 +110,12 @@ class BenchRow:
     speedup_adaptive: float | None
     efficiency_fixed: float | None
     efficiency_adaptive: float | None
+    # HYBRID_RUN's (None without it): its rate, its paired ratio over target_only, its acceptance, and
+    # that acceptance by proposer (draft, ngram, suffix: those that proposed)
+    hybrid_tokens_per_s: float | None
+    hybrid_over_target_only: float | None
+    hybrid_acceptance_rate: float | None
+    hybrid_acceptance_by_proposer: dict[str, float] | None
     # greedy runs only: whether every run's outputs equal the reference run's
     same_output: bool | None
     same_output_prompts: int | None
@@ -129,6 +139,7 @@ class BenchSettings:
     hf_batched: bool = True
     hf_assisted: bool = True
     hf_assistant_tokens: int | None = None  # None: HF's own assistant defaults
+    hybrid: bool = False  # also HYBRID_RUN: the draft beside prompt lookup and the suffix index
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -310,6 +321,8 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
     )
     speedup_fixed = paired_ratio(fixed, plain)
     speedup_adaptive = paired_ratio(spec, plain)
+    hybrid = runs.get(HYBRID_RUN)
+    hybrid_stats = None if hybrid is None else hybrid.stats
     mismatches = compare_outputs({name: run.outputs for name, run in runs.items()}) if compare else None
     differing = {m["prompt"] for m in mismatches or []}
 
@@ -345,11 +358,24 @@ def derive_row(batch_size: int, rows: int, k: int, runs: dict[str, Run], compare
             speedup_adaptive=speedup_adaptive,
             efficiency_fixed=ratio(speedup_fixed, limit),
             efficiency_adaptive=ratio(speedup_adaptive, limit),
+            hybrid_tokens_per_s=None if hybrid is None else hybrid.tokens_per_second,
+            hybrid_over_target_only=paired_ratio(hybrid, plain),
+            hybrid_acceptance_rate=None if hybrid_stats is None else hybrid_stats["acceptance_rate"],
+            hybrid_acceptance_by_proposer=None if hybrid_stats is None else _by_proposer(hybrid_stats),
             same_output=None if mismatches is None else not mismatches,
             same_output_prompts=None if mismatches is None else len(plain.outputs) - len(differing),
             mismatches=mismatches,
         )
     )
+
+
+def _by_proposer(stats: dict[str, Any]) -> dict[str, float]:
+    """Acceptance by proposer, of those that proposed, from a run's summed counters (`_summed`)."""
+    return {
+        name: counters["accepted_tokens"] / counters["draft_tokens"]
+        for name, counters in stats["by_proposer"].items()
+        if counters["draft_tokens"]
+    }
 
 
 def check_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -425,8 +451,8 @@ def run_bench(
     """All runs at every batch size, the derived rows and the target checks, as one JSON-able dict.
 
     At each batch size every contender is warmed up first, then the timed passes go round-robin
-    (spec, spec_fixed, target_only, hf_batched, and hf_assisted with the first batch size), so that
-    load from other processes, which drifts over minutes, hits every contender alike."""
+    (spec, spec_fixed, target_only, spec_hybrid where asked, hf_batched, and hf_assisted with the first
+    batch size), so that load from other processes, which drifts over minutes, hits every contender alike."""
     k = settings.num_speculative_tokens
     sampling = settings.sampling
     greedy = sampling.greedy
@@ -446,6 +472,10 @@ def run_bench(
             config = DecodingConfig(num_speculative_tokens=k, fixed_k=name == "spec_fixed", batch_size=b)
             engine = SpeculativeEngine(target, tokenizer, None if name == "target_only" else draft, config)
             contenders.append(_EngineContender(Run(name, b), engine, requests))
+        if settings.hybrid and draft is not None:
+            hybrid_config = DecodingConfig(num_speculative_tokens=k, batch_size=b, model_free="suffix")
+            make_engine = functools.partial(SpeculativeEngine, target, tokenizer, draft, hybrid_config)
+            contenders.append(_FreshIndexContender(Run(HYBRID_RUN, b), make_engine, requests))
         if settings.hf_batched:
             batched = functools.partial(hf_baselines.batched_generate, target, prompts, b, hf_config, eos_token_ids)
             contenders.append(_BaselineContender(Run("hf_batched", b), batched))
@@ -651,6 +681,58 @@ class _EngineContender(_Contender):
     def end(self) -> None:
         self.run.stats = self.engine.stats.to_dict()
         self.run.policy = _policy_snapshot(self.engine.policy)
+
+
+class _FreshIndexContender(_Contender):
+    """An engine per pass, sharing one adaptive-k policy, each with an empty suffix index."""
+
+    def __init__(self, run: Run, make_engine: Callable[[SpeculationPolicy | None], SpeculativeEngine], requests):
+        super().__init__(run)
+        self.make_engine, self.requests = make_engine, requests
+        self.policy: SpeculationPolicy | None = None
+        self.timed: list[EngineStats] = []
+        self.timing = False
+
+    def once(self) -> tuple[dict[int, list[int]], float]:
+        engine = self.make_engine(self.policy)
+        self.policy = engine.policy
+        started = time.perf_counter()
+        outputs = _collect(engine.generate(self.requests))
+        seconds = time.perf_counter() - started
+        if self.timing:
+            self.timed.append(engine.stats)
+        return outputs, seconds
+
+    def begin(self) -> None:
+        self.timing = True
+
+    def end(self) -> None:
+        self.run.stats = _summed(self.timed)
+
+
+def _summed(all_stats: list[EngineStats]) -> dict[str, Any]:
+    """The timed passes' counters, summed; prefill seconds and decode forwards (one a step) per pass."""
+    by_proposer = empty_by_proposer()
+    k_steps: dict[int, int] = {}
+    drafted = accepted = 0
+    passes = max(len(all_stats), 1)
+    for stats in all_stats:
+        drafted += stats.num_draft_tokens
+        accepted += stats.num_accepted_tokens
+        for name, counters in stats.by_proposer.items():
+            for key, value in counters.items():
+                by_proposer[name][key] += value
+        for k, n in stats.k_steps.items():
+            k_steps[k] = k_steps.get(k, 0) + n
+    return {
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "by_proposer": by_proposer,
+        "k_steps": k_steps,
+        "prefill_seconds": sum(stats.time_prefill_s for stats in all_stats) / passes,
+        "decode_forwards": sum(stats.num_steps for stats in all_stats) / passes,
+    }
 
 
 def _measure(contenders: list[_Contender], settings: BenchSettings) -> None:

@@ -1,6 +1,8 @@
 """`specq draft train`'s held-out measurement again, on a finished draft folder, with more rounds or
 another temperature: the same held-out prompts (the same `--heldout` and `--train-seed` split of the
-same file), `distill.evaluate.evaluate_draft` as the command calls it.
+same file), `distill.evaluate.evaluate_draft` as the command calls it: target-only, the draft (K adaptive
+and fixed) and the draft beside prompt lookup and the suffix index (`--model-free suffix`), rounds taking
+turns.
 
     python benchmarks/heldout_eval.py --target T --data PROMPTS.jsonl --draft DIR [--heldout 32]
         [--max-tokens 48] [--batch-sizes 1,16] [--repeats 5] [--temperature 0.7 --seed 1234]

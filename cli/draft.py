@@ -310,7 +310,7 @@ def train(
             raise SystemExit(130) from None
         finally:
             shown.close()
-    from specq.distill.evaluate import summary_lines
+    from specq.distill.evaluate import summary_lines, usage_line
 
     state = outcome.state
     click.echo(
@@ -321,7 +321,7 @@ def train(
     )
     for line in summary_lines(outcome.evaluation):
         click.echo(line, err=True)
-    click.echo(f"draft written to {outcome.draft_dir}: use it with --draft {outcome.draft_dir}", err=True)
+    click.echo(usage_line(outcome.evaluation, str(outcome.draft_dir)), err=True)
     click.echo(str(outcome.draft_dir))  # alone on stdout, for scripts: draft=$(specq draft train ...)
 
 

@@ -3,7 +3,11 @@ with `specq bench`'s own runner (bench/runner.py: warm-up passes, then timed pas
 from the wall clock, greedy outputs compared token for token with target-only's).
 
 The draft is loaded from DIR exactly as `--draft DIR` loads it, so the measurement also proves the
-folder works."""
+folder works. Beside the draft alone it measures the draft with prompt lookup and the suffix index
+(`--draft DIR --model-free suffix`, the hybrid), and the command says which of the two was the faster:
+on chat answers that copy their prompts' phrases the hybrid takes both (SmolLM2's 1,000-prompt head,
+docs/draft-train.md: 1.58x target-only at batch 1 against the head's 1.44x, 1.10-1.15x at batch 16
+against 1.04-1.06x)."""
 
 from __future__ import annotations
 
@@ -22,8 +26,11 @@ REPORTED = (
     "spec_over_target_only",
     "target_only_tokens_per_s",
     "spec_tokens_per_s",
+    "hybrid_acceptance_rate",
+    "hybrid_over_target_only",
     "same_output",
 )
+HYBRID_FLAGS = "--model-free suffix"  # how `run` and `submit` take the draft beside the model-free proposers
 
 
 def evaluate_draft(
@@ -52,6 +59,7 @@ def evaluate_draft(
         seed=BenchSettings.seed if sampling.seed is None else sampling.seed,  # no seed: the bench's base seed
         hf_batched=False,
         hf_assisted=False,
+        hybrid=True,
     )
     results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, bench, progress=progress)
     return {
@@ -82,9 +90,44 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             f"{row['batch_size']}{forwards}): acceptance {_number(row['acceptance_rate'])} (K fixed), "
             f"{_number(row['spec_acceptance_rate'])} (adaptive); speed-up over target-only "
             f"{_number(row['spec_over_target_only'], 'x')} (adaptive), {_number(row['speedup_fixed'], 'x')} (K fixed)"
-            f"{rounds}{check}"
+            f"{_hybrid_part(row)}{rounds}{check}"
         )
     return lines
+
+
+def _hybrid_part(row: dict[str, Any]) -> str:
+    if row.get("hybrid_over_target_only") is None:  # a run finished by an earlier release did not measure it
+        return ""
+    return (
+        f"; with {HYBRID_FLAGS}: acceptance {_number(row['hybrid_acceptance_rate'])}, "
+        f"{_number(row['hybrid_over_target_only'], 'x')}"
+    )
+
+
+def _hybrid_faster_at(report: dict[str, Any]) -> list[int]:
+    """The batch sizes at which the draft beside the model-free proposers was faster than the draft alone
+    (adaptive k both) on the held-out prompts."""
+    return [
+        row["batch_size"]
+        for row in report["rows"]
+        if row.get("hybrid_over_target_only") is not None
+        and row["spec_over_target_only"] is not None
+        and row["hybrid_over_target_only"] > row["spec_over_target_only"]
+    ]
+
+
+def usage_line(report: dict[str, Any], draft_dir: str) -> str:
+    """How to use the draft, as the held-out measurement found it faster: alone, or beside prompt lookup
+    and the suffix index at the batch sizes where that was the faster."""
+    use = f"draft written to {draft_dir}: use it with --draft {draft_dir}"
+    faster = _hybrid_faster_at(report)
+    if not faster:
+        return use
+    measured = [row["batch_size"] for row in report["rows"]]
+    sizes = ", ".join(map(str, faster))
+    if faster == measured:
+        return f"{use} {HYBRID_FLAGS} (the faster on the held-out prompts, at batch {sizes})"
+    return f"{use}, and {HYBRID_FLAGS} beside it at batch sizes like {sizes} (the faster there on the held-out prompts)"
 
 
 def _number(value: float | None, unit: str = "") -> str:

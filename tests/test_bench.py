@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 
 import click
 import pytest
@@ -462,3 +463,26 @@ def test_the_draft_axis_runs_transformers_beside_specq_and_a_target_alone_skips_
     for row in results["rows"]:  # where each pass's time went, transformers' passes too
         for name, contender in row["contenders"].items():
             assert contender["prefill_seconds"] > 0 and contender["decode_forwards"] >= 0, name
+
+
+def test_the_hybrid_contender_runs_beside_the_draft_in_the_same_rounds_from_an_empty_index(tiny_pair):
+    # `draft train`'s held-out measurement asks for it (BenchSettings.hybrid). One prompt, so nothing in
+    # a pass feeds its suffix index before the row ends: an index kept from the warm-up pass would offer
+    # the very completion again in the timed one
+    from specq.bench.runner import BenchSettings, run_bench
+    from specq.models.loading import load_pair, tokenize_prompt
+
+    pair = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None)
+    prompt = tokenize_prompt(pair.tokenizer, prompt="def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
+    settings = BenchSettings(
+        batch_sizes=(1,), num_prompts=1, max_tokens=12, warmup=1, repeats=2, hf_batched=False, hf_assisted=False
+    )
+    results = run_bench(pair.target, pair.draft, pair.tokenizer, [prompt], replace(settings, hybrid=True))
+    (row,) = results["rows"]
+    assert {run["name"] for run in results["runs"]} == {"spec", "spec_fixed", "target_only", "spec_hybrid"}
+    assert row["same_output"] is True, row["mismatches"]  # the hybrid's outputs among those compared
+    assert row["hybrid_tokens_per_s"] > 0 and row["hybrid_over_target_only"] > 0
+    assert 0 <= row["hybrid_acceptance_rate"] <= 1
+    assert "suffix" not in row["hybrid_acceptance_by_proposer"]
+    without = run_bench(pair.target, pair.draft, pair.tokenizer, [prompt], settings)["rows"][0]
+    assert without["hybrid_over_target_only"] is None and without["hybrid_acceptance_by_proposer"] is None

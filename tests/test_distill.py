@@ -164,9 +164,14 @@ def test_draft_train_writes_a_folder_that_draft_takes_and_reports_the_held_out_s
     assert "held-out (2 prompts, greedy, K=4, batch 1, the target eager): acceptance" in result.stderr
     assert "speed-up over target-only" in result.stderr and "the median of 2 rounds" in result.stderr
     assert "outputs identical to target-only" in result.stderr
+    # the draft beside prompt lookup and the suffix index, measured in the same rounds (its outputs are
+    # among those checked identical), and the command's advice on which to use
+    assert "; with --model-free suffix: acceptance" in result.stderr
+    assert f"draft written to {tmp_path / 'draft'}: use it with --draft {tmp_path / 'draft'}" in result.stderr
     assert result.stdout == f"{tmp_path / 'draft'}\n"
     run = json.loads((tmp_path / "draft" / WORK / "run.json").read_text())
     assert run["phase"] == "done" and run["heldout_prompts"] == 2 and run["train_prompts"] == 23
+    assert run["evaluation"]["rows"][0]["hybrid_over_target_only"] > 0
     assert run["evaluation"]["repeats"] == 2 and "eval_repeats" not in run["settings"]
     assert not (tmp_path / "draft" / WORK / CHECKPOINT).exists()
     # `--draft DIR` as is: `specq run` with it gives the target's own greedy tokens
@@ -421,3 +426,35 @@ def test_a_window_trains_each_position_on_the_next_tokens_own_stored_distributio
         assert 20 + got.top_ids[offset][0] == got.token_ids[position + 1]
     live = Window.of(sequence, max_tokens, final_position=True)  # the live teacher also trains the last one
     assert (live.loss_start, live.loss_end) == (positions[0], positions[1] + 1)
+
+
+def _report(*rows: tuple[int, float, float | None]) -> dict:
+    """An evaluation report of (batch size, the draft's speed-up, the hybrid's) rows."""
+    return {
+        "rows": [
+            {"batch_size": b, "spec_over_target_only": alone, "hybrid_over_target_only": hybrid}
+            for b, alone, hybrid in rows
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("report", "advice"),
+    [
+        (_report((1, 1.46, 1.62), (16, 1.03, 1.11)), ": use it with --draft D --model-free suffix (the faster"),
+        (
+            _report((1, 1.46, 1.62), (16, 1.05, 1.01)),
+            ": use it with --draft D, and --model-free suffix beside it at batch sizes like 1 ",
+        ),
+        (_report((1, 1.46, 1.40)), ": use it with --draft D"),
+        (_report((1, 1.46, None)), ": use it with --draft D"),  # measured by an earlier release: no hybrid
+    ],
+    ids=["hybrid-everywhere", "hybrid-at-1", "alone", "not-measured"],
+)
+def test_the_command_advises_the_hybrid_where_it_measured_faster(report, advice):
+    from specq.distill.evaluate import usage_line
+
+    line = usage_line(report, "D")
+    assert line.startswith("draft written to D") and advice in line
+    if "--model-free" not in advice:
+        assert "--model-free" not in line
