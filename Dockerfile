@@ -13,20 +13,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/models
 
 WORKDIR /app
-# dependencies first (their layer is reused while only specq's code changes)
-COPY pyproject.toml README.md ./
-RUN mkdir -p specq && touch specq/__init__.py \
-    && pip install . \
-    && pip uninstall -y specq
-# specq/ links the top-level folders in as its subpackages (specq/cli -> ../cli, ...): copy both
-COPY specq ./specq
-COPY cli ./cli
-COPY jobs ./jobs
-COPY worker ./worker
-COPY db ./db
-COPY decoding ./decoding
-COPY models ./models
-COPY bench ./bench
+# dependencies first (their layer is reused while only specq's code changes), read from pyproject.toml so
+# that no second list of them can drift
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+# the build context as a whole, less what .dockerignore leaves out: no hand list of specq's parts to drift.
+# specq/ links the top-level folders in as its subpackages (specq/cli -> ../cli, ...); COPY keeps the links
+# as links, and copies the folders they point to beside them. setuptools finds the packages itself
+# (pyproject.toml), and setup.py refuses a context whose links are broken.
+COPY . .
 RUN pip install --no-deps .
 
 # Celery refuses to be root without complaint; workers need no privileges

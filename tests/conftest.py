@@ -97,7 +97,8 @@ def any_db_url(request, tmp_path):
 
 @pytest.fixture
 def redis_url():
-    """Redis database 15 (SPECQ_TEST_REDIS_URL), emptied before and after the test (tests/services.py
+    """Redis database 15 (SPECQ_TEST_REDIS_URL; another where it holds somebody else's keys: tests/services.py
+    `_redis_test_url`), emptied before and after the test (tests/services.py
     flush_redis: never a database holding keys the suite did not write); skipped when no server answers."""
     flushed_redis(REDIS_TEST_URL).close()
     yield REDIS_TEST_URL

@@ -1,7 +1,8 @@
 """Helpers for tests that talk to the real services and CLI.
 
 Real services: a throwaway PostgreSQL database per test session (see conftest's `pg_url`), Redis
-database 15, real `specq worker` subprocesses and `specq` commands run in-process. Nothing is mocked.
+database 15 (or the next free one: `_redis_test_url`), real `specq worker` subprocesses and `specq`
+commands run in-process. Nothing is mocked.
 benchmarks/load_run.py runs its jobs with the same helpers.
 """
 
@@ -22,17 +23,89 @@ from tests.fleet_helpers import patience
 PG_ADMIN_URL = os.environ.get("SPECQ_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _redis_test_url() -> str:
-    """SPECQ_TEST_REDIS_URL (default db 15), one db lower for each further pytest-xdist worker (gw1: 14, ...),
-    so that parallel workers never flush each other's keys or take each other's tasks."""
+# Written into every Redis database the suite empties: a database that holds keys but not this one is
+# somebody else's, and the suite refuses to flush it.
+REDIS_OWNER_KEY = "specq-test-suite:owned"
+REDIS_DATABASES = 16  # a Redis server's default `databases`: the suite looks for a free one among 0..15
+
+
+def _with_db(url: str, db: int) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
-    url = urlsplit(os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+
+
+def _redis_db_is_free(url: str) -> bool:
+    """Empty, or marked as the suite's: a database the suite may flush. redis.RedisError when no server answers."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=3)
+    try:
+        return not client.dbsize() or bool(client.exists(REDIS_OWNER_KEY))
+    except redis.ResponseError:  # "DB index is out of range": a server configured with fewer databases
+        return False
+    finally:
+        client.close()
+
+
+def choose_redis_test_url(url: str, worker: int, databases: int = REDIS_DATABASES) -> str | None:
+    """The database of `url`'s server that pytest-xdist worker `worker` (gw0: 0) uses, or None when there is
+    none free for it; redis.RedisError when no server answers.
+
+    The free databases (empty or the suite's), taken in the order url's db, one lower, ... wrapping round,
+    the n-th for worker gwn: every worker reads the same order, so each takes another database with no
+    word between them, and with all free that is url's db for gw0, one lower for gw1, ... as it always was.
+    A database holding somebody else's keys (another user's queue) is passed over, never flushed.
+    """
+    free = [candidate for candidate in _redis_db_order(url, databases) if _redis_db_is_free(candidate)]
+    return free[worker] if worker < len(free) else None
+
+
+def _redis_db_order(url: str, databases: int = REDIS_DATABASES) -> list[str]:
+    """url's database, then one lower, ... wrapping round: the order the suite takes them in."""
+    from urllib.parse import urlsplit
+
+    first = int(urlsplit(url).path.strip("/") or 0)
+    return [_with_db(url, (first - step) % databases) for step in range(databases)]
+
+
+def _private_redis_url() -> str:
+    """Database 0 of a redis-server of this process's own, stopped and removed when the process ends."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from tests.private_servers import PrivateRedis
+
+    server = PrivateRedis(Path(tempfile.mkdtemp(prefix="specq-test-redis-")))
+    server.start()
+    atexit.register(shutil.rmtree, server.root, ignore_errors=True)
+    atexit.register(server.stop)  # atexit runs last-registered first: stopped, then its folder removed
+    return server.url(0)
+
+
+def _redis_test_url() -> str:
+    """The Redis database this test process uses: SPECQ_TEST_REDIS_URL's (default db 15) server, one db
+    lower for each further pytest-xdist worker (gw1: 14, ...), so that parallel workers never flush each
+    other's keys or take each other's tasks; databases holding somebody else's keys are passed over
+    (choose_redis_test_url), and with none left a private redis-server is started. Chosen once, at import:
+    every fixture, CLI call and `specq worker` subprocess of the process gets this one URL."""
+    import redis
+
+    url = os.environ.get("SPECQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-    db = int(url.path.strip("/") or 0) - worker
-    if db < 0:
-        raise RuntimeError(f"SPECQ_TEST_REDIS_URL's db leaves no db of its own for xdist worker gw{worker}")
-    return urlunsplit(url._replace(path=f"/{db}"))
+    try:
+        chosen = choose_redis_test_url(url, worker)
+    except redis.RedisError:  # no server: the tests that need one skip, naming this URL
+        return _redis_db_order(url)[worker % REDIS_DATABASES]
+    if chosen is not None:
+        return chosen
+    try:
+        return _private_redis_url()
+    except (FileNotFoundError, subprocess.SubprocessError, AssertionError):
+        # no redis-server to start: a database of somebody else's, which flushed_redis refuses naming it,
+        # rather than one that another worker of this run already uses
+        return next((db for db in _redis_db_order(url) if not _redis_db_is_free(db)), url)
 
 
 REDIS_TEST_URL = _redis_test_url()
@@ -76,11 +149,6 @@ def drop_database(name, admin_url=PG_ADMIN_URL):
     dispose_all()
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-# Written into every Redis database the suite empties: a database that holds keys but not this one is
-# somebody else's, and the suite refuses to flush it.
-REDIS_OWNER_KEY = "specq-test-suite:owned"
 
 
 class ForeignRedisData(RuntimeError):
