@@ -37,7 +37,8 @@ verified by modified rejection sampling against the head's probabilities (decodi
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,128 @@ class HeadConfig:
 
 
 def is_head_folder(path: str | Path) -> bool:
+    """Whether `--draft PATH` names a draft head: the one rule `run`, `submit` and the workers apply
+    (models/loading.py check_pair)."""
     return (Path(path) / HEAD_CONFIG).is_file()
+
+
+# -- reading a head folder, every field checked before anything is built ---------------------------------
+CONFIG_BYTES = 64 * 1024  # a head's config is ~150 bytes; a bigger file is not one, and is never read whole
+# The weights' bytes per element: a head is saved in its target's dtype (fp32, bf16 or fp16), never
+# narrower, and its vocabulary ids as int64.
+FLOAT_BYTES = (2, 4)
+ID_BYTES = 8
+# torch.save's zip archive beyond the tensors' bytes: the pickle, the records' headers and their 64-byte
+# alignment (2.3 KB for a head of five tensors); a file further off its config's size is another head's
+ARCHIVE_SLACK = 1024 * 1024
+
+
+def _int_field(raw: dict[str, Any], name: str, low: int, high: int | None = None) -> int:
+    value = raw.get(name)
+    if type(value) is not int:  # bool is an int to isinstance; a float or a string is no size either
+        raise ValueError(f"{name} is {value!r}, not a whole number")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} is {value}, not {bounds}")
+    return value
+
+
+def parse_head_config(raw: Any, hidden_size: int, vocab_size: int) -> HeadConfig:
+    """The HeadConfig of a head's parsed JSON, for a target `hidden_size` wide with `vocab_size` LM-head
+    rows; ValueError naming the first field that is missing, unknown, mistyped, out of range or made for
+    another target."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"it holds a JSON {type(raw).__name__}, not an object")
+    unknown = sorted(set(raw) - {f.name for f in fields(HeadConfig)})
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}")
+    kind, version = raw.get("kind", HEAD_KIND), raw.get("version", 1)
+    if kind != HEAD_KIND or type(version) is not int or version != 1:
+        raise ValueError(f"it names a head of kind {kind!r} v{version!r}")
+    config = HeadConfig(
+        hidden_size=_int_field(raw, "hidden_size", 1),
+        intermediate_size=_int_field(raw, "intermediate_size", 1),
+        vocab_rows=_int_field(raw, "vocab_rows", 1),
+        target_vocab_size=_int_field(raw, "target_vocab_size", 1),
+    )
+    if config.hidden_size != hidden_size or config.target_vocab_size != vocab_size:
+        raise ValueError(
+            f"the head was trained for a target {config.hidden_size} wide with {config.target_vocab_size} "
+            f"tokens; this one is {hidden_size} wide with {vocab_size}"
+        )
+    if config.vocab_rows > vocab_size:
+        raise ValueError(f"vocab_rows is {config.vocab_rows}, more than the target's {vocab_size} tokens")
+    return config
+
+
+def head_tensor_shapes(config: HeadConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor a head's weight file holds (DraftHead's state dict)."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    return {
+        "vocab_ids": (config.vocab_rows,),
+        "gate.weight": (inner, 2 * hidden),
+        "up.weight": (inner, 2 * hidden),
+        "down.weight": (hidden, inner),
+        "norm.weight": (hidden,),
+    }
+
+
+def check_weights_size(config: HeadConfig, size: int) -> None:
+    """ValueError unless a weight file of `size` bytes can hold the tensors `config` implies: checked
+    before the file is read, so that a config (or file) of another size never costs the memory it claims."""
+    shapes = head_tensor_shapes(config)
+    floats = sum(math.prod(shape) for name, shape in shapes.items() if name != "vocab_ids")
+    ids = config.vocab_rows * ID_BYTES
+    least, most = floats * FLOAT_BYTES[0] + ids, floats * FLOAT_BYTES[-1] + ids + ARCHIVE_SLACK
+    if not least <= size <= most:
+        raise ValueError(
+            f"its config implies {least:,} to {most:,} bytes of weights, but {HEAD_WEIGHTS} holds {size:,}"
+        )
+
+
+def check_head_weights(config: HeadConfig, weights: Any) -> None:
+    """ValueError unless `weights` (a loaded HEAD_WEIGHTS) holds exactly the tensors `config` implies:
+    floating weights, all finite, and distinct vocabulary ids in [0, target_vocab_size)."""
+    shapes = head_tensor_shapes(config)
+    if not isinstance(weights, dict) or set(weights) != set(shapes):
+        names = sorted(weights) if isinstance(weights, dict) else type(weights).__name__
+        raise ValueError(f"{HEAD_WEIGHTS} holds {names}, not the tensors {sorted(shapes)}")
+    for name, shape in shapes.items():
+        tensor = weights[name]
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != shape:
+            found = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise ValueError(f"{name} is {found}, not {shape}")
+        if name != "vocab_ids" and not (tensor.is_floating_point() and bool(torch.isfinite(tensor).all())):
+            raise ValueError(f"{name} is not finite floating-point ({tensor.dtype})")
+    vocab_ids = weights["vocab_ids"]
+    if vocab_ids.is_floating_point() or vocab_ids.is_complex() or vocab_ids.dtype == torch.bool:
+        raise ValueError(f"vocab_ids are {vocab_ids.dtype}, not token ids")
+    low, high = int(vocab_ids.min()), int(vocab_ids.max())
+    if low < 0 or high >= config.target_vocab_size:
+        raise ValueError(f"vocab_ids span [{low}, {high}], outside the target's [0, {config.target_vocab_size})")
+    if int(torch.unique(vocab_ids).numel()) != config.vocab_rows:
+        raise ValueError("vocab_ids repeat a token")
+
+
+def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[HeadConfig, dict[str, torch.Tensor]]:
+    """The checked config and weights of the head in `folder`, for a target `hidden_size` wide with
+    `vocab_size` LM-head rows; ValueError with one sentence where any field does not fit. What a load
+    builds on (`load_head`) and what `submit` checks (models/loading.py check_pair), so both refuse alike."""
+    folder = Path(folder)
+    config_path, weights_path = folder / HEAD_CONFIG, folder / HEAD_WEIGHTS
+    try:
+        if config_path.stat().st_size > CONFIG_BYTES:
+            raise ValueError(f"it is larger than {CONFIG_BYTES:,} bytes")
+        config = parse_head_config(json.loads(config_path.read_text(encoding="utf-8")), hidden_size, vocab_size)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{config_path} is not a draft head's config ({_first_line(exc)})") from None
+    try:
+        check_weights_size(config, weights_path.stat().st_size)
+        weights = torch.load(weights_path, map_location="cpu", weights_only=True)
+        check_head_weights(config, weights)
+    except Exception as exc:  # a truncated or foreign file fails in the unpickler, anyhow
+        raise ValueError(f"cannot load the draft head in {folder} ({type(exc).__name__}: {_first_line(exc)})") from None
+    return config, weights
 
 
 class DraftHead(torch.nn.Module):
@@ -92,7 +214,9 @@ class DraftHead(torch.nn.Module):
                 f"the head was trained for a target {config.hidden_size} wide with {config.target_vocab_size} "
                 f"tokens; this one is {hidden} wide with {lm_head.shape[0]}"
             )
-        if vocab_ids.shape != (config.vocab_rows,) or int(vocab_ids.max()) >= lm_head.shape[0]:
+        fits = vocab_ids.shape == (config.vocab_rows,) and vocab_ids.numel() > 0
+        # a negative id would index the target's tables too, from their end
+        if not fits or int(vocab_ids.min()) < 0 or int(vocab_ids.max()) >= lm_head.shape[0]:
             raise ValueError("the head's vocabulary does not fit its config or the target")
         self.config = config
         self.target_vocab_size = int(lm_head.shape[0])
@@ -137,20 +261,13 @@ def _final_norm_weight(target: CausalLM) -> torch.Tensor | None:
 
 def load_head(folder: str | Path, target: CausalLM) -> DraftHead:
     """The head in `folder` on `target` (its device and dtype); ValueError with one sentence if the
-    folder is not a head's or the head was made for another target."""
-    folder = Path(folder)
+    folder is not a head's or the head was made for another target (`read_head`: before anything is built)."""
+    lm_head = target.get_output_embeddings().weight  # [V, H]
+    config, weights = read_head(folder, int(lm_head.shape[1]), int(lm_head.shape[0]))
     try:
-        raw = json.loads((folder / HEAD_CONFIG).read_text(encoding="utf-8"))
-        config = HeadConfig(**raw)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ValueError(f"{folder / HEAD_CONFIG} is not a draft head's config ({exc})") from None
-    if config.kind != HEAD_KIND or config.version != 1:
-        raise ValueError(f"{folder / HEAD_CONFIG} names a head of kind {config.kind!r} v{config.version}")
-    try:
-        weights = torch.load(folder / HEAD_WEIGHTS, map_location="cpu", weights_only=True)
         head = DraftHead(target, config, weights["vocab_ids"])
         head.load_state_dict(weights)
-    except Exception as exc:  # a truncated or foreign file fails in the unpickler, anyhow
+    except Exception as exc:  # checked above; what is left is the target's own (a device out of memory)
         raise ValueError(f"cannot load the draft head in {folder} ({type(exc).__name__}: {_first_line(exc)})") from None
     return head.eval()
 

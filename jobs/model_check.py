@@ -32,22 +32,19 @@ PASSED_FILE = "checked-models.json"
 PASSED_KEPT = 256  # pairs remembered, the most recent
 LOADERS = ("transformers", "tokenizers")
 # What the check checks: a pair that passed an older revision is checked again (2: supported families;
-# 3: whether the target has a chat template).
-CHECK_REVISION = 3
+# 3: whether the target has a chat template; 4: draft heads, by load_pair's own rule).
+CHECK_REVISION = 4
 
 T = TypeVar("T")
 
 
 def check_models(target: str, draft: str | None) -> None:
-    """Load the tokenizers and configs (not the weights); ModelLoadError if they are missing, if the
-    vocabularies differ, or if a model's family is not supported (models/families.py)."""
-    from specq.models.loading import check_same_vocab, check_supported, load_config, load_tokenizer
+    """What a load checks before the weights (models/loading.py check_pair: the tokenizers, the configs,
+    a draft head's every field); ModelLoadError if they are missing, if the vocabularies differ, if a
+    model's family is not supported (models/families.py) or a draft head does not fit the target."""
+    from specq.models.loading import check_pair
 
-    tokenizer = load_tokenizer(target)
-    check_supported(target, load_config(target))
-    if draft is not None:
-        check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
-        check_supported(draft, load_config(draft))
+    check_pair(target, draft)
 
 
 # -- pairs that passed ----------------------------------------------------------------------------------
