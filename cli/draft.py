@@ -75,9 +75,16 @@ def draft() -> None:
     metavar="DIR",
     required=True,
     type=click.Path(path_type=Path),
-    help="The draft's folder (a Hugging Face model folder with the target's tokenizer, for --draft DIR).",
+    help="The draft's folder (a Hugging Face model folder with the target's tokenizer, for --draft DIR). It may "
+    "not be, hold or lie inside the target's folder or specq's data directory, nor hold the data file (a new "
+    "folder beside it is fine).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace DIR if it exists (a model folder or an earlier run's).")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace DIR if `specq draft train` wrote it (it holds .specq-draft/run.json); any other folder, a "
+    "symbolic link included, is refused untouched.",
+)
 @click.option(
     "--budget",
     default="200k",
@@ -256,8 +263,9 @@ def train(
     The target decodes the training prompts (target-only, with specq's engine), a small draft sized
     from it learns its distributions, and the command ends by measuring the draft against target-only
     on held-out prompts, as `specq bench` does; DIR alone on stdout. An interrupted run (Ctrl-C, a kill)
-    resumes when the same command is run again. Exit 2 on bad prompts, a target that does not load or a
-    DIR that exists.
+    resumes when the same command is run again. Exit 2 on bad prompts (one too long for the target's
+    context among them), a target that does not load, a DIR that exists or a DIR in a place it may not
+    be (see -o).
     """
     from specq.decoding.types import SamplingParams
     from specq.distill.run import train_draft

@@ -101,7 +101,8 @@ class _RunProgress(ProgressBar):
         self.started = time.perf_counter()
         self.set_total(total)
 
-    def progress_of(self, done: int, stats: Any) -> None:
+    def progress_of(self, done: int, failed: int, stats: Any) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         acceptance = stats.acceptance_rate if stats.num_draft_tokens else None
-        self.update(done, stats.num_generated_tokens / elapsed, acceptance)
+        # the failures as the summary counts them: a request the engine refused (over the context) among them
+        self.update(done, stats.num_generated_tokens / elapsed, acceptance, failed)

@@ -71,7 +71,7 @@ class ColumnsForward(torch.nn.Module):
         super().__init__()
         self.model = model
         text_config = model.config.get_text_config()
-        self.max_context = int(getattr(text_config, "max_position_embeddings", None) or 2**31)
+        self.max_context = context_length(text_config)
         self.keeps_logits = _accepts(model, "logits_to_keep")  # can compute chosen positions' logits alone
         # transformers renamed `past_key_values` to `cache` during 5.x.
         self.cache_kwarg = "cache" if _accepts(model, "cache") else "past_key_values"
@@ -355,6 +355,11 @@ def _eos_token_ids(*sources: object) -> set[int]:
 def eos_token_ids(model: CausalLM, tokenizer: Tokenizer) -> set[int]:
     """Every id that ends a sequence: the generation config's, the model config's and the tokenizer's."""
     return _eos_token_ids(getattr(model, "generation_config", None), model.config, tokenizer)
+
+
+def context_length(text_config: Any) -> int:
+    """The tokens a sequence may hold: the config's positions, unbounded where it names none."""
+    return int(getattr(text_config, "max_position_embeddings", None) or 2**31)
 
 
 def start_token_id(tokenizer: Tokenizer) -> int | None:

@@ -75,6 +75,20 @@ def prepare_prompts(
     return prompts
 
 
+def check_within_context(prompts: Sequence[Prompt], max_context: int, name: str) -> None:
+    """BadInputError naming every prompt that, with its completion, cannot fit the target's context, as
+    `file:line: reason` in the engine's words (decoding/intake.py): caught with the other bad lines,
+    before anything is written, where the engine would fail it half-way through the decode."""
+    problems = [
+        f"{name}:{prompt.line}: prompt ({len(prompt.request.prompt_token_ids)} tokens) plus max_tokens "
+        f"({prompt.request.params.max_tokens}) exceeds the model's context of {max_context} tokens"
+        for prompt in prompts
+        if len(prompt.request.prompt_token_ids) + prompt.request.params.max_tokens > max_context
+    ]
+    if problems:
+        raise BadInputError(problems)
+
+
 def split(count: int, heldout: int, seed: int) -> tuple[list[int], list[int]]:
     """(training indices, held-out indices) of `count` prompts, `heldout` of them drawn at random with
     `seed`; both in file order."""

@@ -51,8 +51,10 @@ def train_draft(
     limits: InputLimits | None = None,
 ) -> Outcome:
     """Validate the prompts, then decode, train and evaluate into `output` (distill/workdir.py)."""
+    from specq.decoding.hf_model import context_length
     from specq.distill.corpus import (
         DecodeStore,
+        check_within_context,
         decode_with_target,
         load_sequences,
         prepare_prompts,
@@ -60,16 +62,19 @@ def train_draft(
         split,
     )
     from specq.distill.evaluate import evaluate_draft
-    from specq.distill.workdir import file_digest, open_workdir
+    from specq.distill.workdir import check_output_place, file_digest, open_workdir
     from specq.jobs.chat_template import ChatLines
     from specq.jobs.input_source import readable_input
     from specq.jobs.inputs import iter_request_specs, validate_file
     from specq.models.loading import check_supported, load_config, load_tokenizer
 
+    # where DIR may not go is known from the command line alone: refused before anything is read or written
+    check_output_place(output, settings.target, None if settings.data == "-" else settings.data)
     with readable_input(settings.data, limits) as source, ExitStack() as cleanup:
         # the target's tokenizer and config first: a missing target costs seconds, and nothing is written
         tokenizer = load_tokenizer(settings.target)
-        check_supported(settings.target, load_config(settings.target))
+        config = load_config(settings.target)
+        check_supported(settings.target, config)
         # chat lines rendered as `submit` renders them (jobs/chat_render.py: bounded, in a child process)
         chat_lines = cleanup.enter_context(ChatLines(settings.target, settings.chat_template, lambda _: tokenizer))
         total = validate_file(source.path, limits, name=source.name, prepare=chat_lines)
@@ -77,6 +82,7 @@ def train_draft(
             raise BadInputError([f"{source.name}: {total} prompts; at least 2 are needed, one of them held out"])
         specs = iter_request_specs(source.path, limits, name=source.name, prepare=chat_lines)
         prompts = prepare_prompts(specs, tokenizer, settings.sampling, source.name)
+        check_within_context(prompts, context_length(config.get_text_config()), source.name)
         digest = file_digest(source.path)
 
     train_ids, heldout_ids = split(len(prompts), settings.heldout_count(len(prompts)), settings.seed)

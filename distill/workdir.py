@@ -15,8 +15,15 @@
 
 A DIR that exists is refused, unless it holds an unfinished run with the same settings (which then
 resumes from its last phase and checkpoint) or `--overwrite` is given. `--overwrite` deletes only a
-folder that is empty, a model folder (config.json) or a run's: never a folder of other files named
-by mistake.
+folder that `specq draft train` wrote: one with its marker, DIR/.specq-draft/run.json, which every
+version has written first, before anything else goes into DIR (an empty folder is used as it is). A
+model folder of another origin (the target's, a downloaded draft) is never deleted, nor a symbolic
+link or what it points to.
+
+Whatever `--overwrite` says, a DIR is refused before anything is touched where writing or deleting it
+could reach what the run reads or specq keeps (`check_output_place`): a DIR that is, holds or lies
+inside the target's folder or specq's data directory, or that holds the data file or a GGUF target
+file (is the folder they are in, or one above it). A new folder beside the data file is fine.
 """
 
 from __future__ import annotations
@@ -100,9 +107,52 @@ def _read_run(root: Path) -> dict[str, Any] | None:
     return run if isinstance(run, dict) and run.get("version") == VERSION and run.get("phase") in PHASES else None
 
 
-def _deletable(root: Path) -> bool:
-    entries = {entry.name for entry in root.iterdir()}
-    return not entries or WORK in entries or "config.json" in entries
+def written_by_draft_train(root: Path) -> bool:
+    """Whether `root` carries the marker of a folder `specq draft train` wrote: a run file it can read, in
+    a work folder that is no symbolic link (lstat: a link could make any folder look like one)."""
+    work, run_file = root / WORK, root / WORK / RUN_FILE
+    if work.is_symlink() or run_file.is_symlink() or not run_file.is_file():
+        return False
+    return _read_run(root) is not None
+
+
+def check_output_place(root: Path, target: str, data: str | None) -> None:
+    """OutputPathError where DIR is, holds or lies inside the target's folder or specq's data directory,
+    or holds the data file or a GGUF target file (is their folder or one above it); `data` None: read
+    from standard input. Paths compare resolved (symbolic links, `..`), so no spelling slips past."""
+    from specq.paths import data_dir
+
+    place = _resolved(root)
+    kept_folders = [("specq's data directory", data_dir())]
+    kept_files = [] if data is None else [("the data file", Path(data))]
+    if Path(target).is_dir():
+        kept_folders.append(("the target's folder", Path(target)))
+    elif Path(target).is_file():
+        kept_files.append(("the target", Path(target)))
+    for what, folder in kept_folders:
+        kept = _resolved(folder)
+        relation = _relation(place, kept)
+        if relation is not None:
+            raise OutputPathError(f"-o {root} {relation} {what} ({kept}); give a DIR of its own")
+    for what, file in kept_files:
+        kept = _resolved(file)
+        if place in kept.parents:
+            raise OutputPathError(f"-o {root} holds {what} ({kept}); give a DIR of its own (a new folder beside it)")
+
+
+def _relation(place: Path, kept: Path) -> str | None:
+    """How DIR stands to a folder it must keep clear of, in words; None: apart."""
+    if place == kept:
+        return "is"
+    if kept in place.parents:
+        return "lies inside"
+    if place in kept.parents:
+        return "holds"
+    return None
+
+
+def _resolved(path: Path) -> Path:
+    return Path(os.path.realpath(path))
 
 
 @contextmanager
@@ -116,13 +166,7 @@ def open_workdir(root: Path, identity: dict[str, Any], data_digest: str, overwri
             raise OutputPathError(f"{root} exists and is not a folder")
         previous = _read_run(root)
         if overwrite:
-            if not _deletable(root):
-                raise OutputPathError(
-                    f"{root} holds files that are neither a model nor a draft run; --overwrite deletes only those: "
-                    "choose another DIR"
-                )
-            with _locked(root):
-                shutil.rmtree(root)
+            _remove_for_overwrite(root)
         elif previous is None or previous["phase"] == "done":
             raise OutputPathError(f"{root} exists; give another DIR, or --overwrite to replace it")
         else:
@@ -147,6 +191,22 @@ def open_workdir(root: Path, identity: dict[str, Any], data_digest: str, overwri
         if not resumed:
             workdir.advance("decode")
         yield workdir
+
+
+def _remove_for_overwrite(root: Path) -> None:
+    """`--overwrite`: an empty folder is kept to write into; a folder `specq draft train` wrote is deleted
+    (under its lock, so never while a run works in it); anything else is refused, untouched."""
+    if root.is_symlink():  # deleting would remove the link's target's files, or fail half-way
+        raise OutputPathError(f"{root} is a symbolic link; --overwrite takes only a real folder, named itself")
+    if not any(root.iterdir()):
+        return
+    if not written_by_draft_train(root):
+        raise OutputPathError(
+            f"{root} is not a folder `specq draft train` wrote (no {WORK}/{RUN_FILE}): --overwrite deletes only "
+            "those; choose another DIR"
+        )
+    with _locked(root):
+        shutil.rmtree(root)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ TRAIN_PREFIX = "train:"
 # chain tokens (distill/head.py): about 200 steps of 256 chains, a minute of a 2-core CPU on
 # SmolLM2-135M and seconds on a GPU; `train:N:BUDGET` gives more
 DEFAULT_BUDGET = "200k"
+MOST_PROMPT_DIGITS = 18  # N is below the job's request count, far below 10**18
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,11 @@ class DraftTraining:
         if not draft.startswith(TRAIN_PREFIX):
             return None
         prompts, _, budget = draft[len(TRAIN_PREFIX) :].partition(":")
-        if not prompts.isdigit():
+        if not (prompts.isascii() and prompts.isdigit()):  # isdigit alone takes "²", which int() refuses
             raise ValueError(
                 f"--draft {draft!r}: give train:N or train:N:BUDGET, N the requests the draft learns from "
                 "(e.g. train:200, train:200:5m)"
             )
+        if len(prompts.lstrip("0")) > MOST_PROMPT_DIGITS:  # int() refuses 4,300 digits with a traceback's words
+            raise ValueError(f"--draft train:N: N has {len(prompts)} digits, more requests than a job holds")
         return cls(int(prompts), budget or DEFAULT_BUDGET)

@@ -41,7 +41,7 @@ class RunSummary:
     stats: EngineStats = field(default_factory=EngineStats)
 
 
-Progress = Callable[[int, EngineStats], None]  # (requests written so far, engine counters)
+Progress = Callable[[int, int, EngineStats], None]  # (requests written so far, of them failed, engine counters)
 
 
 def run_file(
@@ -60,7 +60,7 @@ def run_file(
     compile: str = "off",
     on_start: Callable[[int], None] = lambda total: None,
     on_loaded: Callable[[str], None] = lambda line: None,
-    on_progress: Progress = lambda done, stats: None,
+    on_progress: Progress = lambda done, failed, stats: None,
     limits: InputLimits | None = None,
 ) -> RunSummary:
     """Generate for every line of `input_path` ("-": stdin) and write one JSON line per request to
@@ -144,9 +144,9 @@ def run_file(
         for result in engine.generate(requests()):
             waiting[result.key] = result
             flush()
-            on_progress(next_key, engine.stats)
+            on_progress(next_key, summary.failed, engine.stats)
         flush()  # failures after the last generated request
-        on_progress(next_key, engine.stats)
+        on_progress(next_key, summary.failed, engine.stats)
         summary.stats = engine.stats
     # the output is in place: what the compiled forwards gain is measured now, where it was not before
     measured = pair.measure_compiled_speedups()

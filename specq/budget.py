@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from specq.durations import parse_duration
 
+# far past any run (a GPU training a million tokens a second would take 30 years), and a float holds it exactly
+MOST_TOKENS = 10**15
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -32,6 +35,8 @@ class Budget:
         match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKM]?)\s*(?:tokens?)?", value)
         if match:
             tokens = float(match.group(1)) * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6}[match.group(2)]
+            if tokens > MOST_TOKENS:  # a thousand digits reads as infinity, which no int holds
+                raise ValueError(f"a budget is at most {MOST_TOKENS:,} tokens")
             if tokens >= 1:
                 return cls(tokens=int(tokens))
         try:

@@ -345,7 +345,7 @@ def test_an_existing_dir_is_refused_unless_overwrite(tiny_pair, tmp_path):
     other.mkdir()
     (other / "thesis.txt").write_text("years of work")
     refused = _train(target, data, other, "--overwrite")
-    assert refused.exit_code == 2 and "neither a model nor a draft run" in refused.stderr
+    assert refused.exit_code == 2 and "is not a folder `specq draft train` wrote" in refused.stderr
     assert (other / "thesis.txt").read_text() == "years of work"
 
 
