@@ -25,7 +25,7 @@ import time
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from specq.errors import ConfigError
+from specq.errors import ConfigError, printable
 from specq.limits import (
     CHAT_RENDER_MEMORY_BYTES,
     CHAT_TEMPLATE_SECONDS,
@@ -103,8 +103,8 @@ class ChatRenderer:
             self.timeouts += 1
             raise RenderError(f"rendering the chat template took longer than {self.seconds:g}s (the limit)")
         reply = json.loads(answer)
-        if "error" in reply:
-            raise RenderError(reply["error"])
+        if "error" in reply:  # the template's own text (raise_exception): escaped, it forges no line
+            raise RenderError(printable(str(reply["error"])))
         return str(reply["text"])
 
     def _started(self) -> subprocess.Popen[bytes]:

@@ -6,20 +6,32 @@ from seconds to minutes (a large vocabulary's tokenizer is most of it). So a fil
 into an ordinary model folder (safetensors, the tokenizer with its chat template) in specq's data
 directory, keyed by the file's SHA-256, and every later load, a worker's restart included, reads that
 folder. The conversion runs under a lock into a temporary folder renamed into place at the end, so
-concurrent loaders wait for one another and a killed conversion leaves nothing that looks complete.
+concurrent loaders wait for one another and a killed conversion leaves nothing that looks complete (its
+temporary folder is removed by the next conversion of any file).
+
+Before a file is converted, its header is walked with bounded reads (models/gguf_header.py), so a file
+that declares millions of tensors, or lengths past its end, is refused before a reader builds anything.
+A converted folder records each file's size and a digest of it (the whole of a small file, samples of a
+large one: checking must not cost what converting does); a load that finds them changed (a file cut
+short, deleted or overwritten) converts the file again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib
+import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
 from specq.errors import ModelLoadError, reason
+from specq.models.gguf_header import check_header
 from specq.paths import data_dir, file_lock
 
 logger = logging.getLogger(__name__)
@@ -28,7 +40,9 @@ SUFFIX = ".gguf"
 CACHE_DIR = "gguf-models"
 # What a converted folder holds: a folder converted by an older revision is converted again.
 REVISION = 1
-DONE_FILE = "specq-gguf.txt"  # written last: the folder is complete
+DONE_FILE = "specq-gguf.txt"  # written last: the folder is complete; its record of the files (JSON)
+WHOLE_FILE_BYTES = 8 << 20  # a converted file up to this size is hashed whole, a larger one in samples
+SAMPLES, SAMPLE_BYTES = 16, 256 << 10  # spread over the file, its first and last bytes among them
 EXTRA_PACKAGES = ("gguf", "accelerate")
 INSTALL_HINT = "pip install 'specq[gguf]'"
 
@@ -65,25 +79,143 @@ def converted_folder(path: Path) -> Path:
     """The dequantized model folder of the GGUF file `path`, converted now unless it already was."""
     stat = path.stat()
     folder = data_dir() / CACHE_DIR / f"{_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)}-r{REVISION}"
-    if (folder / DONE_FILE).exists():
+    if _damage(folder) is None:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(folder.parent / f".{folder.name}.lock"):
-        if (folder / DONE_FILE).exists():  # another process converted it while this one waited
+    with file_lock(_lock_file(folder)):
+        damage = _damage(folder)
+        if damage is None:  # another process converted it while this one waited
             return folder
-        for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed conversion; the lock says none runs
+        if damage == UNRECORDED:  # converted before folders recorded their files: trusted once
+            with contextlib.suppress(OSError):  # unwritable: it stays unrecorded, and loads as before
+                _record_files(folder, path)
+            return folder
+        if damage != NOT_CONVERTED:
+            logger.warning("the converted folder %s is damaged (%s); converting the GGUF file again", folder, damage)
+        _require_extra(path)
+        check_header(path)
+        _remove_abandoned_work(folder)
         work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
         try:
             _convert(path, work)
-            (work / DONE_FILE).write_text(f"{path.resolve()}\n", encoding="utf-8")
+            _record_files(work, path)
             work.chmod(0o755)  # mkdtemp made it private; the finished folder is an ordinary one
-            shutil.rmtree(folder, ignore_errors=True)  # a half-written one from before this lock existed
-            work.rename(folder)
+            shutil.rmtree(folder, ignore_errors=True)  # damaged, or half-written before this lock existed
+            _move_into_place(work, folder)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
     return folder
+
+
+def _lock_file(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}.lock"
+
+
+def _move_into_place(work: Path, folder: Path) -> None:
+    try:
+        work.rename(folder)
+    except OSError as exc:  # the damaged folder could not be removed (its files are someone else's)
+        raise ModelLoadError(
+            f"cannot replace the converted folder {str(folder)!r} ({exc.strerror or exc}): remove it, and it is "
+            "converted again"
+        ) from None
+
+
+def _remove_abandoned_work(folder: Path) -> None:
+    """Remove the temporary folders of killed conversions, of any file (this process holds the lock of
+    `folder`'s): one whose lock no process holds is no conversion's that runs (a conversion holds its lock
+    until its folder is in place)."""
+    cache = folder.parent
+    for work in cache.glob(".*.tmp-*"):
+        name = work.name[1:].rsplit(".tmp-", 1)[0]
+        if name == folder.name:
+            shutil.rmtree(work, ignore_errors=True)
+            continue
+        with _lock_if_free(cache / f".{name}.lock") as free:
+            if free:
+                shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _lock_if_free(path: Path) -> Iterator[bool]:
+    """The lock at `path` held for the block if no process holds it; False (not waiting) if one does."""
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# -- the record of a converted folder's files -------------------------------------------------------------
+NOT_CONVERTED = "not converted"
+UNRECORDED = "no record of its files"
+
+
+def _damage(folder: Path) -> str | None:
+    """None if the converted folder is there and its files are those recorded at its conversion, else
+    what is wrong (NOT_CONVERTED, UNRECORDED for a folder converted before records were kept, or the
+    first file that differs)."""
+    try:
+        text = (folder / DONE_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return NOT_CONVERTED
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"its record is unreadable: {exc}"
+    if not text.startswith("{"):
+        return UNRECORDED  # an older record: the source's path alone
+    try:
+        files = json.loads(text)["files"]
+        recorded = {str(name): (int(size), str(digest)) for name, (size, digest) in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"its record is unreadable: {type(exc).__name__}"
+    for name, (size, digest) in recorded.items():
+        damage = _file_damage(folder / name, size, digest)
+        if damage is not None:
+            return f"{name}: {damage}"
+    return None
+
+
+def _file_damage(path: Path, size: int, digest: str) -> str | None:
+    try:
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{actual} bytes, not the {size} converted"
+        if _sampled_sha256(path, size) != digest:
+            return "its content changed"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _record_files(folder: Path, source: Path) -> None:
+    """Write the record (the last file written: its presence says the folder is complete)."""
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != DONE_FILE):
+        size = path.stat().st_size
+        files[path.relative_to(folder).as_posix()] = [size, _sampled_sha256(path, size)]
+    record = {"source": str(source.resolve()), "files": files}
+    (folder / DONE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def _sampled_sha256(path: Path, size: int) -> str:
+    """SHA-256 of the whole file up to WHOLE_FILE_BYTES; past that, of SAMPLES blocks spread over it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        if size <= WHOLE_FILE_BYTES:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+            return digest.hexdigest()
+        step = (size - SAMPLE_BYTES) // (SAMPLES - 1)
+        for index in range(SAMPLES):
+            handle.seek(index * step)
+            digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
 
 
 # Hashing a few hundred MB takes about a second; a process that loads the same file twice (its tokenizer,
@@ -139,3 +271,9 @@ def _convert(path: Path, into: Path) -> None:
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
+
+
+def described(name: str, folder: str) -> str:
+    """How a message names the model `name` that loads from `folder` (what `resolve` gave): a GGUF file
+    with its converted folder, the one to remove should its conversion be damaged."""
+    return repr(name) if folder == name else f"{name!r} (converted into {folder!r})"

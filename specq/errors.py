@@ -1,5 +1,7 @@
 """specq's domain exceptions, in one flat module. The CLI maps them to exit codes."""
 
+import unicodedata
+
 
 class SpecqError(Exception):
     """Base class: a failure with a message meant for the user."""
@@ -29,8 +31,19 @@ class ModelCompileError(ModelLoadError):
     """`--compile on`, and a model cannot be compiled (or its compiled forward differs from eager)."""
 
 
+class ModelFetchError(SpecqError):
+    """A catalogue model cannot be fetched here (pip, the network, a full disk, parts that do not assemble to
+    the catalogue's file), or is not local where this process may not fetch it: the machine's failure, not
+    the request's (exit 1; a worker gives its work back)."""
+
+
 class ServiceUnavailableError(SpecqError):
     """Redis or the database cannot be reached."""
+
+
+class FleetMismatchError(SpecqError):
+    """The live workers on the broker serve another database than the job's: they would set its chunks
+    aside unrun (a runtime failure, exit 1; nothing is stored)."""
 
 
 class DatabaseUnreachableError(ServiceUnavailableError):
@@ -67,10 +80,26 @@ class WorkerUnusableError(SpecqError):
         super().__init__(message)
 
 
+# What a one-line message must not carry raw: control characters (a newline forges a line, ESC starts a
+# terminal sequence), format characters (bidi overrides reorder what is shown), line and paragraph
+# separators (str.splitlines breaks at them) and lone surrogates (no stream can encode them)
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def printable(text: str) -> str:
+    """`text` fit for a one-line message: each character that could forge a line or drive a terminal written
+    as its Python escape (`\\n`, `\\x1b`, `\\u202e`), everything else as it is. For text from files and
+    templates the user did not write themselves."""
+    return "".join(
+        char.encode("unicode_escape").decode("ascii") if unicodedata.category(char) in _UNPRINTABLE else char
+        for char in text
+    )
+
+
 def reason(exc: BaseException) -> str:
     """An exception in one line: Hugging Face errors run to several lines with hub advice, and the first
-    line says what went wrong."""
+    line says what went wrong. Escaped (`printable`): a message may quote a model file's metadata."""
     lines = str(exc).strip().splitlines()
-    first = lines[0].strip() if lines else ""
+    first = printable(lines[0].strip()) if lines else ""
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."

@@ -74,7 +74,16 @@ TOKEN_ID = Limit(0, 2**31 - 1, description="a token id; the vocabulary's size is
 # `specq bench --workloads W --drafts D` (bench/workloads.py, bench/draft_axis.py)
 BENCH_CHAT_WORKLOADS = ("code-edit", "extract", "summarize", "qa")  # chat turns, for an instruct target
 BENCH_WORKLOADS = ("continuation", "grounded", "templated", *BENCH_CHAT_WORKLOADS)
-BENCH_DRAFTS = ("target_only", "draft", "ngram", "suffix", "hybrid", "hf_generate", "hf_prompt_lookup")
+BENCH_DRAFTS = (
+    "target_only",
+    "draft",
+    "ngram",
+    "suffix",
+    "hybrid",
+    "hf_generate",
+    "hf_assisted",
+    "hf_prompt_lookup",
+)
 
 # Chat templates are user-controlled code (jobs/chat_render.py): `--chat-template` is read up to this size
 # (the largest templates on the Hub are about 20 KiB), and each rendering runs in a child process under a
@@ -85,3 +94,14 @@ CHAT_TEMPLATE_SECONDS = Limit(0, 3600, low_open=True, description="the most one 
 DEFAULT_CHAT_TEMPLATE_SECONDS = 10.0
 CHAT_RENDER_MEMORY_BYTES = 1 << 30  # the renderer's whole address space (its baseline is under 200 MiB)
 RENDERED_PROMPT_CHARS = 4 << 20  # a rendered prompt: four 1 MiB lines' worth of text
+
+# A GGUF file's header is walked against these before any reader builds it (models/gguf_header.py): gguf's
+# reader makes Python objects for every tensor, key and array element a header declares, so three million
+# declared tensors in 119 MB ran a machine out of memory. Each is far past any real model's
+GGUF_TENSORS = 65_536  # tensor infos; the largest models hold a few thousand
+GGUF_KEYS = 65_536  # metadata keys; real files hold under a hundred
+# array elements of all keys together: a vocabulary's tokens, scores, types and merges come to under a
+# million in the largest (Gemma 3's 262,144 tokens; Llama 3's 280,147 merges)
+GGUF_ARRAY_ITEMS = 1 << 21
+GGUF_ARRAY_DEPTH = 4  # arrays of arrays; real files nest none
+GGUF_DIMENSIONS = 4  # a tensor's dimensions (ggml's GGML_MAX_DIMS)
