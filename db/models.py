@@ -96,6 +96,8 @@ class Request(Base):
     # times a worker handed it to the engine; one that reaches the job's max_attempts without a result
     # (its worker died each time) is failed instead of run again. A server default, so COPY may omit it
     starts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # the size of the suspect group its last start ran in (worker.claims: bisection); 0: a fresh batch
+    start_group: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     lease_owner: Mapped[str | None] = mapped_column(String(200))  # the worker holding the claim
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
@@ -191,13 +193,14 @@ class TrainedDraft(Base):
     __tablename__ = "trained_drafts"
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
-    state: Mapped[str] = mapped_column(String(16))  # "training" | "ready" | "failed"
+    state: Mapped[str] = mapped_column(String(16))  # db.states.DraftTrainingState
     # the worker training it, and when its claim lapses unless renewed (a dead trainer's is taken over)
     owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     head_config: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # decoding.draft_head.HeadConfig
     head_weights: Mapped[bytes | None] = mapped_column(LargeBinary)  # a head folder's weights file
     report: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # distill.job_head.TrainedHead.report
-    error: Mapped[str | None] = mapped_column(Text)  # why it failed; the job went on with the target alone
+    # why it failed, or why it is untrained or rejected; the job went on without it
+    error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

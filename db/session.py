@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 DATABASE_ENV = "SPECQ_DATABASE_URL"
 # The newest migration (tests/test_db.py checks it is alembic's single head). Readers and writers check
 # the database against it with one query, so alembic, a quarter of a second of imports, loads only to migrate.
-SCHEMA_HEAD = "0007"
+SCHEMA_HEAD = "0008"
 _at_head: set[str] = set()  # databases found at SCHEMA_HEAD in this process
 
 

@@ -74,6 +74,27 @@ def request_sources(target: RequestState) -> list[str]:
     return [str(s) for s, targets in REQUEST_TRANSITIONS.items() if target in targets]
 
 
+class DraftTrainingState(StrEnum):
+    """A `--draft train:N` job's head (its `trained_drafts` row; no row yet: waiting for the first N)."""
+
+    TRAINING = "training"  # claimed by a worker under a lease (owner, lease_expires_at)
+    READY = "ready"  # terminal: trained and measured useful; the rest of the job speculates with it
+    FAILED = "failed"  # terminal: training raised (no completion to learn from, out of memory, ...)
+    UNTRAINED = "untrained"  # terminal: its budget was spent before a training step could run
+    REJECTED = "rejected"  # terminal: trained, but its own data says it proposes worse than no draft
+
+
+# a lapsed claim is taken over (training -> training); a claim given back deletes the row; only a
+# ready head is ever loaded, so the rest of a job whose head ended otherwise runs without it
+DRAFT_TRAINING_TRANSITIONS: dict[DraftTrainingState, frozenset[DraftTrainingState]] = {
+    DraftTrainingState.TRAINING: frozenset(DraftTrainingState),
+    DraftTrainingState.READY: frozenset(),
+    DraftTrainingState.FAILED: frozenset(),
+    DraftTrainingState.UNTRAINED: frozenset(),
+    DraftTrainingState.REJECTED: frozenset(),
+}
+
+
 class WorkerState(StrEnum):
     IDLE = "idle"  # waiting for a chunk
     BUSY = "busy"  # running a batch (workers.current_batch)

@@ -4,9 +4,9 @@ One autoscaler (min 0, max 2, cooldown 2 s, interval 0.5 s, 8 requests per worke
 
 1. idle: no worker;
 2. a job arrives: two workers start at once. One of its requests kills whichever worker runs it (the
-   fault-injection hook, `SPECQ_FAULT_CRASH_PROMPT`): each dead worker is replaced, the request runs
-   alone on its second try, kills that worker too, and is failed after `--max-attempts 2` with the
-   reason; every other request completes, exactly once;
+   fault-injection hook, `SPECQ_FAULT_CRASH_PROMPT`): each dead worker is replaced, the suspects run
+   again by bisection until it runs alone, kills that worker too, and is failed (`--max-attempts 2`)
+   with the reason; every other request completes, exactly once;
 3. the backlog is gone: after the cooldown every worker is stopped (scale to zero);
 4. another job arrives, workers start, and the autoscaler gets SIGTERM mid-job: it exits 0, no worker
    process is left, each worker finished its batch in hand and gave the rest of its chunk back to the
@@ -113,9 +113,9 @@ def test_autoscale_zero_to_n_to_zero_crash_loop_and_sigterm(
             error = session.scalar(select(Result.error).join(Request).where(Request.custom_id == "r3"))
             starts = session.scalar(select(Request.starts).where(Request.custom_id == "r3"))
             assert session.scalar(select(func.count()).select_from(Result)) == 16
-        assert error is not None and "gave up after 2 attempts" in error, error
-        assert starts == 2
-        assert len(re.findall(r"exited by itself", scaler.output())) == 2  # the two killed workers ...
+        assert error is not None and starts is not None and f"gave up after {starts} attempts" in error, error
+        assert starts >= 2  # the suspects it died among are bisected (worker.claims): log2 of them, or more
+        assert len(re.findall(r"exited by itself", scaler.output())) == starts  # the killed workers ...
         assert len(scaler.pids()) >= 3  # ... were replaced
 
         # 3. no backlog: after the cooldown, scale to zero

@@ -13,7 +13,8 @@ What can go wrong on the way, and what happens then:
   place, then Celery retries with backoff); every write is one transaction, so nothing is
   half-written, and the claims a failed try held are given back by the heartbeat;
 - the worker dies: its leases expire and a sweeper requeues its requests (`worker.claims`); the ones
-  it had started run alone next time, and fail once they have killed `max_attempts` workers.
+  it had started (suspects) run again by bisection, in halves, then quarters ..., and one fails once it
+  has killed `max_attempts` workers, the last one alone.
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ from specq.worker.claims import (
     ClaimedRequest,
     cancel_claimed,
     claim_chunk,
+    exhausted,
     exhausted_result,
     mark_started,
     release_claimed,
+    suspect_groups,
+    take_back_starts,
 )
 from specq.worker.context import WorkerContext
 from specq.worker.metrics import served_model_name
@@ -78,8 +82,17 @@ class _Triage:
     """A chunk's claims sorted before anything runs."""
 
     runnable: list[ClaimedRequest]
-    suspects: set[int]  # started before by a worker that died: each runs alone, last
-    exhausted: list[GenerationResult]  # suspects that killed `max_attempts` workers: failed, not run
+    # started before by a worker that died: they run last, in these groups (ids; worker.claims' bisection)
+    suspects: list[list[int]]
+    exhausted: list[GenerationResult]  # suspects that killed too many workers: failed, not run
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Requests that run through one engine together; `suspect`: a group of suspects (bisection)."""
+
+    requests: list[_Prepared]
+    suspect: bool = False
 
 
 @dataclass
@@ -130,19 +143,30 @@ def _prepare(
     return ready, failed
 
 
-def _groups(ready: list[_Prepared], suspects: set[int]) -> list[list[_Prepared]]:
+def _groups(ready: list[_Prepared], suspects: list[list[int]]) -> list[_Group]:
     """Batches of compatible requests, each sorted by prompt length (less padding, similar lengths).
 
     Greedy and sampled requests batch apart: they accept draft tokens at very different rates, and the
     engine picks its number of draft tokens per step from the batch's measured acceptance. Suspects
-    (started before by a worker that died) come last, each alone: if one of them is what kills workers,
-    it takes no other request down with it, and the chunk's other work is stored first.
+    (started before by a worker that died) come last, in their bisection groups (`worker.claims`): if
+    one of them is what kills workers, it takes only its group down with it, and the chunk's other work
+    is stored first.
     """
-    fresh = [p for p in ready if p.claimed.id not in suspects]
+    by_id = {p.claimed.id: p for p in ready}
+    suspected = {request_id for group in suspects for request_id in group}
+    fresh = [p for p in ready if p.claimed.id not in suspected]
     greedy = [p for p in fresh if p.request.params.greedy]
     sampled = [p for p in fresh if not p.request.params.greedy]
-    groups = [sorted(g, key=lambda p: len(p.request.prompt_token_ids)) for g in (greedy, sampled) if g]
-    return groups + [[p] for p in ready if p.claimed.id in suspects]
+    groups = [_Group(_by_length(g)) for g in (greedy, sampled) if g]
+    for ids in suspects:
+        members = [by_id[i] for i in ids if i in by_id]  # some may have failed to prepare, or run apart
+        if members:
+            groups.append(_Group(_by_length(members), suspect=True))
+    return groups
+
+
+def _by_length(group: list[_Prepared]) -> list[_Prepared]:
+    return sorted(group, key=lambda p: len(p.request.prompt_token_ids))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -175,8 +199,9 @@ class _Feed:
     Injected faults (`worker.faults`, read once per chunk) are consulted only when some are set.
     """
 
-    def __init__(self, ctx: WorkerContext, block: int, injected: faults.Faults | None) -> None:
-        self.ctx, self.block, self.injected = ctx, block, injected
+    def __init__(self, ctx: WorkerContext, block: int, injected: faults.Faults | None, group: int = 0) -> None:
+        """`group`: the size of the suspect group it feeds, recorded with each start (0: a fresh batch)."""
+        self.ctx, self.block, self.injected, self.group = ctx, block, injected, group
         self.marked: set[int] = set()  # marked started in the database by this feed
         self.handed: set[int] = set()  # given to an engine, in any attempt
         self.in_flight: dict[int, None] = {}  # given to the current attempt's engine and not finished
@@ -200,7 +225,7 @@ class _Feed:
 
     def _mark_started(self, block: list[int]) -> None:
         with self.ctx.db.session() as session:
-            mark_started(session, block, self.ctx.config.name)
+            mark_started(session, block, self.ctx.config.name, self.group)
         self.marked.update(block)
         self.ctx.started.update(block)
 
@@ -275,7 +300,13 @@ class _Writer:
                 return
             if batch is None and self.running is not None:
                 record_batch_progress(session, *self.running)
+            # a request this live worker fails was not what killed a worker: a retry must not find it suspect
+            failed_here = [r.key for r in self.buffer if r.error is not None and r.key in self.ctx.started]
+            if failed_here:
+                lock_job(session, self.job_id)  # the job's row first, as every writer takes it (db.locks)
+                take_back_starts(session, failed_here, self.ctx.config.name)
             outcome = store_results(session, self.job_id, self.buffer, self.ctx.config.name)
+        self.ctx.started.difference_update(failed_here)
         if self.ctx.metrics is not None:
             since_enqueue = (utcnow() - self.enqueued_at).total_seconds()
             self.ctx.metrics.add_results(self.model, self.ctx.config.device, self.buffer, since_enqueue)
@@ -392,7 +423,7 @@ def _generate_group(
     job: Job,
     settings: JobSettings,
     pair: ModelPair,
-    group: list[_Prepared],
+    group: _Group,
     writer: _Writer,
     injected: faults.Faults | None,
 ) -> _Unfinished:
@@ -400,8 +431,8 @@ def _generate_group(
     request that does not fit even alone fails. Returns what it did not finish: the job was cancelled
     (what is left is given up), or the worker is stopping (what is left was never handed over)."""
     config = settings.decoding
-    pending = {p.claimed.id: p for p in group}  # in the group's order
-    feed = _Feed(ctx, config.batch_size, injected)
+    pending = {p.claimed.id: p for p in group.requests}  # in the group's order
+    feed = _Feed(ctx, config.batch_size, injected, len(group.requests) if group.suspect else 0)
     while pending and not writer.cancelled:
         out_of_memory = _run_batch(ctx, job, settings, pair, config, pending, feed, writer)
         if out_of_memory is None:
@@ -428,20 +459,24 @@ def _generate_group(
 
 # -- a chunk: triage -> run -> settle (rq's perform_job) ---------------------------------------------------
 def _triage(ctx: WorkerContext, job: Job, settings: JobSettings, claimed: list[ClaimedRequest]) -> _Triage:
-    """Which claims run, which run alone, and which have killed too many workers to run again."""
-    limit = settings.max_attempts
+    """Which claims run, which run in suspect groups, and which have killed too many workers to run again."""
     # started before, by a worker that is gone (not by this process, whose chunk a database error cut)
     elsewhere = [c for c in claimed if c.suspect and c.id not in ctx.started]
-    exhausted = {c.id for c in elsewhere if c.starts >= limit}
-    suspects = {c.id for c in elsewhere} - exhausted
-    if suspects:
-        log.warning("job %s: %d requests were running on a worker that died; each runs alone", job.id, len(suspects))
+    spent = {c.id for c in elsewhere if exhausted(c.starts, c.start_group, settings.max_attempts, settings.chunk_size)}
+    groups = [[c.id for c in group] for group in suspect_groups([c for c in elsewhere if c.id not in spent])]
+    if groups:
+        log.warning(
+            "job %s: %d requests were running on a worker that died; they run in %d groups (bisection)",
+            job.id,
+            sum(map(len, groups)),
+            len(groups),
+        )
     failed = []
     for request in claimed:
-        if request.id in exhausted:
+        if request.id in spent:
             log.warning("job %s: request %s failed after %d attempts", job.id, request.custom_id, request.starts)
             failed.append(exhausted_result(request.id, request.starts, None))
-    return _Triage([c for c in claimed if c.id not in exhausted], suspects, failed)
+    return _Triage([c for c in claimed if c.id not in spent], groups, failed)
 
 
 def _this_workers_fault(exc: Exception, ctx: WorkerContext, settings: JobSettings) -> bool:
@@ -498,7 +533,7 @@ def _run_requests(
     settings: JobSettings,
     pair: ModelPair,
     requests: list[ClaimedRequest],
-    suspects: set[int],
+    suspects: list[list[int]],
     writer: _Writer,
 ) -> _Unfinished:
     """Prepare `requests` and run them through `pair` group by group."""
@@ -509,19 +544,23 @@ def _run_requests(
     unfinished = _Unfinished()
     for group in _groups(ready, suspects):
         if writer.cancelled or ctx.shared.stopping.is_set():
-            unfinished.ids.update(p.claimed.id for p in group)
+            unfinished.ids.update(p.claimed.id for p in group.requests)
         else:
             unfinished |= _generate_group(ctx, job, settings, pair, group, writer, injected)
     return unfinished
 
 
-def _settle(ctx: WorkerContext, chunk: Chunk, unfinished: _Unfinished, cancelled: bool) -> dict[str, int]:
+def _settle(
+    ctx: WorkerContext, chunk: Chunk, unfinished: _Unfinished, cancelled: bool, started: set[int]
+) -> dict[str, int]:
     """What the run left undone: cancelled with its job, else given back to the queue (the worker is
-    stopping); the counts of that, for the task's log line."""
+    stopping); the counts of that, for the task's log line. `started`: the chunk's requests this process
+    counted started (their starts are taken back with a cancel: this worker did not die)."""
     counts = {"cancelled": 0, "released": 0}
     if unfinished.ids and cancelled:
+        mine = sorted(unfinished.ids & started)
         with ctx.db.session() as session:
-            counts["cancelled"] = cancel_claimed(session, chunk[0], sorted(unfinished.ids), ctx.config.name)
+            counts["cancelled"] = cancel_claimed(session, chunk[0], sorted(unfinished.ids), ctx.config.name, mine)
     elif unfinished.ids:
         unstarted = sorted(unfinished.unstarted & unfinished.ids)
         counts["released"] = _give_back(ctx, chunk, sorted(unfinished.ids), unstarted)
@@ -563,8 +602,9 @@ def _run_claimed(ctx: WorkerContext, job: Job, claimed: list[ClaimedRequest], ch
     finally:
         writer.flush()
         _set_worker(ctx, WorkerState.IDLE, None, None)
+    held = ctx.started & {c.id for c in claimed}
     ctx.started.difference_update(c.id for c in claimed)  # stored, or cancelled or given back below
-    settled = _settle(ctx, chunk, unfinished, writer.cancelled)
+    settled = _settle(ctx, chunk, unfinished, writer.cancelled, held)
     measured = ctx.models.measure_compiled_speedups()  # once per model and machine, the chunk stored first
     if measured is not None:
         pair, line = measured

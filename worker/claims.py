@@ -4,11 +4,25 @@ A claim is one guarded `UPDATE ... RETURNING`: on PostgreSQL a concurrent claime
 and re-checks the guard once the first commits, so it skips what was taken; SQLite runs one writer at
 a time. Either way a request is claimed by one worker at a time (rq's StartedJobRegistry, as SQL).
 
-Two counters per request: `attempts` counts claims, `starts` the times a worker handed it to the engine
-(marked just before, a batch at a time). A request whose lease expired was in the hands of a worker that
-died; if it was also started, it is a *suspect* (it may be what killed the worker): it runs alone next
-time, and once its starts reach the job's `max_attempts` it is failed with that reason instead of run
-again, so one poisonous prompt costs a few worker restarts, never the job.
+Two counters per request: `attempts` counts claims, `starts` the workers that died while running it. A
+start is counted just before a worker hands the request to the engine (a batch at a time, so a worker
+that dies leaves it counted) and taken back when that worker ends the request itself, alive: with a
+failed result or cancelled (`take_back_starts`), so cancel and retry, or an engine error and retry,
+spend nothing. A completed request never runs again, so its start is left counted.
+
+A request whose lease expired was in the hands of a worker that died; if it was also started, it is a
+*suspect* (it may be what killed the worker). Suspects are isolated by bisection (`suspect_groups`):
+
+- the suspects that died in a fresh batch run again in two halves;
+- a suspect group of m that kills its worker again has its started members marked with `start_group =
+  m` (and one more start): they run next in groups of ceil(m / 2), while the group's members that
+  never started keep their older, larger group size and run together;
+- a group that completes is done; so one poisonous prompt among n suspects costs about log2(n) deaths
+  and 2 log2(n) batches, not n single-row runs.
+
+A suspect is failed instead of run again (`exhausted`) once it has killed `max_attempts` workers, the
+last of them alone (`start_group == 1`: it, and nothing else, was running), or killed so many that no
+bisection explains it (`max_attempts` plus the bits of the chunk size), so nothing loops for ever.
 """
 
 from __future__ import annotations
@@ -41,7 +55,8 @@ class ClaimedRequest:
     messages: list[dict[str, Any]] | None
     overrides: dict[str, Any]
     prompt_token_ids: list[int] | None
-    starts: int = 0  # times a worker handed it to the engine before this claim
+    starts: int = 0  # workers that died while running it, before this claim
+    start_group: int = 0  # the size of the suspect group its last start ran in; 0: a fresh batch
 
     @property
     def suspect(self) -> bool:
@@ -94,6 +109,7 @@ def claim_chunk(
             Request.overrides,
             Request.prompt_token_ids,
             Request.starts,
+            Request.start_group,
         )
         .execution_options(synchronize_session=False)
     )
@@ -125,8 +141,12 @@ def renew_leases(session: Session, owner: str, lease_s: float, request_ids: Sequ
     return session.execute(stmt).rowcount  # type: ignore[attr-defined]
 
 
-def cancel_claimed(session: Session, job_id: str, request_ids: Sequence[int], owner: str) -> int:
+def cancel_claimed(
+    session: Session, job_id: str, request_ids: Sequence[int], owner: str, started: Sequence[int] = ()
+) -> int:
     """Give up requests this worker still holds because their job was cancelled; returns how many.
+    `started`: those of them this worker counted started; the worker is alive, so those starts are taken
+    back either way (a retry must not find them suspects).
 
     The worker saw the cancel at one of its writes; under the job's row lock it checks the job is still
     cancelled. If it was retried since, the requests are left as they are (a request cancelled under a
@@ -135,6 +155,7 @@ def cancel_claimed(session: Session, job_id: str, request_ids: Sequence[int], ow
     if not request_ids:
         return 0
     job = lock_job(session, job_id)
+    take_back_starts(session, started, owner)
     if job is None or job.state != JobState.CANCELLED:
         return 0
     stmt = (
@@ -150,14 +171,57 @@ def cancel_claimed(session: Session, job_id: str, request_ids: Sequence[int], ow
     return session.execute(stmt).rowcount  # type: ignore[attr-defined]
 
 
-def mark_started(session: Session, request_ids: Sequence[int], owner: str) -> None:
-    """Count one more start for requests `owner` is about to hand to the engine."""
+def mark_started(session: Session, request_ids: Sequence[int], owner: str, group: int = 0) -> None:
+    """Count one more start for requests `owner` is about to hand to the engine, in a suspect group of
+    `group` requests (0: a fresh batch)."""
     session.execute(
         update(Request)
         .where(Request.id.in_(request_ids), Request.lease_owner == owner)
-        .values(starts=Request.starts + 1)
+        .values(starts=Request.starts + 1, start_group=group)
         .execution_options(synchronize_session=False)
     )
+
+
+def take_back_starts(session: Session, request_ids: Sequence[int], owner: str) -> None:
+    """Take back the start `owner` counted for requests it ends alive (failed or cancelled): it did not
+    die running them. Only while it still holds them: a request whose lease another worker took is not
+    this worker's to change."""
+    if not request_ids:
+        return
+    session.execute(
+        update(Request)
+        .where(
+            Request.id.in_(request_ids),
+            Request.state == RequestState.RUNNING,
+            Request.lease_owner == owner,
+            Request.starts > 0,
+        )
+        .values(starts=Request.starts - 1, start_group=0)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def exhausted(starts: int, start_group: int, max_attempts: int, chunk_size: int) -> bool:
+    """Whether a suspect has killed enough workers to be failed rather than run again: `max_attempts`,
+    the last one alone; or more than bisection can take to isolate it (see the module docstring)."""
+    if starts < max_attempts:
+        return False
+    return start_group == 1 or starts >= max_attempts + max(1, chunk_size).bit_length()
+
+
+def suspect_groups(suspects: Sequence[ClaimedRequest]) -> list[list[ClaimedRequest]]:
+    """The suspects in the groups they run in next, least suspicious first (bisection: see the module
+    docstring). Suspects that share a start count and a group size died together, or were left together
+    untried: those of a fresh batch (group size 0) split in halves, those of a suspect group of m in
+    groups of ceil(m / 2)."""
+    together: dict[tuple[int, int], list[ClaimedRequest]] = {}
+    for request in sorted(suspects, key=lambda r: (r.starts, r.start_group, r.seq)):
+        together.setdefault((request.starts, request.start_group), []).append(request)
+    groups = []
+    for (_, died_in), members in together.items():
+        size = -(-(died_in or len(members)) // 2)  # ceil(half)
+        groups += [members[i : i + size] for i in range(0, len(members), size)]
+    return groups
 
 
 def release_claimed(session: Session, request_ids: Sequence[int], unstarted: Sequence[int], owner: str) -> int:
@@ -197,7 +261,7 @@ def exhausted_result(request_id: int, starts: int, owner: str | None) -> Generat
 def requeue_expired(session: Session) -> list[Chunk]:
     """Put requests whose lease expired back in the queue; returns the chunks to enqueue again.
 
-    A request whose starts reached its job's `max_attempts` is failed instead, with the reason, in the
+    A request that has killed too many workers (`exhausted`) is failed instead, with the reason, in the
     same transaction (its job may end with it). A request of a job that was cancelled (or expired)
     meanwhile ends as its job did, `cancelled` (or `expired`), never queued: nothing claims under such a
     job, and `retry` requeues exactly those. Chunks are (job_id, first, end) as `jobs.enqueue` sends
@@ -205,7 +269,7 @@ def requeue_expired(session: Session) -> list[Chunk]:
     the next sweep.
     """
     expired = session.execute(
-        select(Request.id, Request.job_id, Request.seq, Request.starts, Request.lease_owner)
+        select(Request.id, Request.job_id, Request.seq, Request.starts, Request.start_group, Request.lease_owner)
         .where(Request.state == RequestState.RUNNING, Request.lease_expires_at < utcnow())
         .order_by(Request.id)
         .with_for_update(skip_locked=True)
@@ -213,7 +277,7 @@ def requeue_expired(session: Session) -> list[Chunk]:
     if not expired:
         return []
     jobs = {
-        job_id: (JobSettings.from_stored(settings).max_attempts, state)
+        job_id: (JobSettings.from_stored(settings), state)
         for job_id, settings, state in session.execute(
             select(Job.id, Job.settings, Job.state).where(Job.id.in_({row.job_id for row in expired}))
         )
@@ -233,15 +297,16 @@ def requeue_expired(session: Session) -> list[Chunk]:
                 .execution_options(synchronize_session=False)
             )
     seqs: dict[str, set[int]] = {}
-    exhausted: dict[str, list[GenerationResult]] = {}
+    spent: dict[str, list[GenerationResult]] = {}
     for row in expired:
         if row.id not in requeued:
             continue
-        if row.starts >= jobs[row.job_id][0]:
-            exhausted.setdefault(row.job_id, []).append(exhausted_result(row.id, row.starts, row.lease_owner))
+        settings = jobs[row.job_id][0]
+        if exhausted(row.starts, row.start_group, settings.max_attempts, settings.chunk_size):
+            spent.setdefault(row.job_id, []).append(exhausted_result(row.id, row.starts, row.lease_owner))
         else:
             seqs.setdefault(row.job_id, set()).add(row.seq)
-    for job_id, failures in exhausted.items():
+    for job_id, failures in spent.items():
         store_results(session, job_id, failures, "sweeper")
     return chunks_of(session, seqs)
 
