@@ -121,7 +121,8 @@ def submit(
     """Validate the whole file (- for standard input, read once), store the job and enqueue it; print the job id.
 
     With no broker (no --broker-url, no SPECQ_BROKER_URL) the job runs here, in this process, through
-    the workers' own code, and is stored in the database all the same.
+    the workers' own code, and is stored in the database all the same; it is followed as --wait follows
+    it (progress on stderr; exit 1 when a request failed or the job was cancelled).
     """
     if timeout is not None and not wait:
         raise click.UsageError("--timeout needs --wait")
@@ -164,8 +165,11 @@ def submit(
         patient = patient_reads()
         note_missing_workers(submitted.db, patient)
         waiting = polling(submitted.db, submitted.job_id, patient, timeout)
+    # run here, the job is followed in the foreground whether or not --wait was given: with its progress
+    # and its exit code (a cancel from another shell included), as --wait would
+    foreground = wait or submitted.embedded
     try:
-        follow(submitted.job_id, submitted.total, waiting, show=wait, timeout=timeout, strict=wait)
+        follow(submitted.job_id, submitted.total, waiting, show=foreground, timeout=timeout, strict=foreground)
     except KeyboardInterrupt:
         if submitted.embedded:  # the job was cancelled: its in-process work dies with this process
             click.echo(f"interrupted: job {submitted.job_id} cancelled; `specq retry` resumes it", err=True)

@@ -6,7 +6,8 @@ Order matters, so that a bad file or a bad model leaves nothing behind:
    whether the target has a chat template; `jobs.model_check`), in a child process on the second core
    while this one reads the file, unless these model folders passed it before; an input that can be
    read only once (standard input, a pipe) is spooled to a temporary file (`jobs.input_source`);
-2. reach the database and the broker: a service that is down fails now, before anything is written;
+2. reach the database and the broker: a service that is down fails now, before anything is written,
+   and so does a broker whose live workers all serve another database (`jobs.fleet_registry`);
 3. one transaction: the job row, then every request streamed from one read of the file (COPY on
    PostgreSQL). Chat lines are rendered to token ids on the way, each under a time and size bound,
    with the target's tokenizer loaded here at the first one (`jobs.chat_template`). Bad lines are
@@ -39,6 +40,7 @@ from specq.db.types import utcnow
 from specq.errors import BadInputError, ServiceUnavailableError
 from specq.jobs.chat_template import ChatLines
 from specq.jobs.enqueue import enqueue_chunks, job_chunks
+from specq.jobs.fleet_registry import check_fleet_serves
 from specq.jobs.input_source import InputSource, readable_input
 from specq.jobs.inputs import InputLimits, iter_request_specs
 from specq.jobs.model_check import ModelCheck
@@ -89,8 +91,8 @@ def submit_job(
     limits: InputLimits | None = None,
 ) -> Submitted:
     """Check, store (validating as it reads) and enqueue; see the module docstring. Raises
-    ModelLoadError (whatever else failed), else ServiceUnavailableError, else BadInputError (every bad
-    line)."""
+    ModelLoadError (whatever else failed), else ServiceUnavailableError or FleetMismatchError, else
+    BadInputError (every bad line)."""
     with (
         ModelCheck(spec.target, spec.draft, skip=models_checked) as models,
         readable_input(input_path, limits) as source,
@@ -98,6 +100,7 @@ def submit_job(
         db = open_migrated(database_url)
         if broker is not None:
             check_broker(broker)
+            check_fleet_serves(broker, identity(db))
         job_id, total, chunk_size = _store(db, source, spec, broker, limits, models)
     log.info("job %s: stored %d requests from %s", job_id, total, source.name)
 

@@ -36,6 +36,13 @@ UNACKED_INDEX_KEY = "unacked_index"
 UNACKED_MUTEX_KEY = "unacked_mutex"
 PROCESS_CHUNK_TASK = "specq.process_chunk"  # the task name, so senders need not import the worker
 Chunk = tuple[str, int, int]  # a chunk task's arguments: (job_id, first, end), positions [first, end)
+# specq's own keys beside kombu's (jobs/fleet_registry.py): what each live worker serves, one key per
+# worker that expires with its heartbeat; chunk messages naming a database the worker does not serve, set
+# aside (newest first, capped), and how many ever were
+SERVING_KEY_PREFIX = KEY_PREFIX + "serving:"
+DEAD_LETTER_KEY = KEY_PREFIX + "dead_letter"
+DEAD_LETTERED_KEY = KEY_PREFIX + "dead_lettered"
+DEAD_LETTER_CAP = 1000  # entries kept in DEAD_LETTER_KEY; the count goes on
 
 BROKER_ENV = "SPECQ_BROKER_URL"
 # the timings a deployment (or a test) may set, each as its environment variable

@@ -441,12 +441,14 @@ def test_worker_metrics_report_the_served_model_name() -> None:
 
 
 def test_a_worker_on_another_database_gives_the_chunk_back(pg_db_url, redis_url, tiny_pair, tmp_path) -> None:
-    """A worker pointed at the wrong database (it holds no such job) gives the chunk back and exits 4
-    saying why; before, it acknowledged and dropped it as a deleted job's. The right worker then runs it."""
+    """A worker pointed at the wrong database (it holds no such job) sets the chunk aside saying why and
+    keeps serving (issue 49: it used to give it back and exit 4, and so did every next worker); before
+    that, it acknowledged and dropped it as a deleted job's. The right worker then runs it: its sweeper
+    finds the job's queued requests with no message, and enqueues the chunk again."""
     import redis
 
     from specq.db.migrate import open_migrated
-    from specq.queue import CHUNK_QUEUE_KEY
+    from specq.queue import CHUNK_QUEUE_KEY, DEAD_LETTER_KEY
     from tests.services import SpecqWorker, create_database, drop_database
 
     other_name = f"specq_test_other_{os.getpid()}"
@@ -457,12 +459,12 @@ def test_a_worker_on_another_database_gives_the_chunk_back(pg_db_url, redis_url,
         job_id = submit_job(env, write_requests(tmp_path / "in.jsonl", [PLAIN]), "--target", tiny_pair[0])
         wrong = SpecqWorker({**env, "SPECQ_DATABASE_URL": other_url}, tmp_path / "wrong.log")
         try:
-            code = wrong.proc.wait(120)
+            wait_for(lambda: f"job {job_id} chunk [0, 1) is in database " in wrong.output(), 120, "the set-aside")
+            assert wrong.proc.poll() is None, wrong.output()  # still serving
         finally:
-            wrong.stop()
-        assert code == 4, wrong.output()
-        assert f"job {job_id} is in another database than this worker's" in wrong.output()
-        assert redis.Redis.from_url(redis_url).llen(CHUNK_QUEUE_KEY) == 1  # given back
+            assert wrong.stop() == 0, wrong.output()
+        client = redis.Redis.from_url(redis_url)
+        assert (client.llen(DEAD_LETTER_KEY), client.llen(CHUNK_QUEUE_KEY)) == (1, 0)  # set aside, not given back
         right = SpecqWorker(env, tmp_path / "right.log")
         try:
             info = wait_state(env, job_id, {"completed", "failed", "cancelled"}, timeout=120)

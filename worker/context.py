@@ -49,6 +49,9 @@ class SharedState:
         # why this worker cannot serve (its models do not load here), set by the task thread: the chunk in
         # hand was given back and the worker exits (`worker.startup.EXIT_MODEL_UNLOADABLE`)
         self.unusable: str | None = None
+        # chunk messages this worker set aside (they named another database: `worker.serving`); written by
+        # the task thread, read by the heartbeat into this worker's entry on the broker
+        self.dead_lettered = 0
         # taken while claiming and while giving abandoned claims back: the two never cross
         self.lock = threading.Lock()
 

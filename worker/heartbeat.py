@@ -29,6 +29,7 @@ from specq.jobs.retention import prune, retention_from_env
 from specq.worker.claims import release_claimed, renew_leases, requeue_expired
 from specq.worker.context import WorkerContext
 from specq.worker.recovery import lost_chunks
+from specq.worker.serving import publish_serving
 
 PRUNE_EVERY_S = 600.0  # retention is in days: a prune every ten minutes per worker is plenty
 log = logging.getLogger(__name__)
@@ -126,6 +127,9 @@ class Heartbeat:
                     .values(heartbeat_at=utcnow())
                     .execution_options(synchronize_session=False)
                 )
+        if self.broker is not None and ctx.config.registered:
+            # the database it serves, for clients on the broker that cannot see this database's workers
+            publish_serving(ctx, self._broker_client())
         if ctx.shared.abandoned:
             self.give_back_abandoned()
         if self.broker is not None and time.monotonic() - self._last_sweep >= ctx.config.queue.sweep_s:

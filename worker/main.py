@@ -26,6 +26,7 @@ from specq.worker.context import WorkerContext
 from specq.worker.heartbeat import Heartbeat, register_worker, unregister_worker
 from specq.worker.model_cache import ModelCache
 from specq.worker.runtime import set_context, worker_name
+from specq.worker.serving import publish_serving, withdraw_serving
 from specq.worker.startup import EXIT_MODEL_UNLOADABLE, check_device
 
 # a file the heartbeat thread touches every heartbeat_s, database up or not: Kubernetes' liveness probe
@@ -33,6 +34,25 @@ from specq.worker.startup import EXIT_MODEL_UNLOADABLE, check_device
 ALIVE_FILE_ENV = "SPECQ_ALIVE_FILE"
 
 log = logging.getLogger(__name__)
+
+
+def announce(ctx: WorkerContext, broker: str) -> None:
+    """Publish the database this worker serves before it consumes anything, so a client on another
+    database hears of it at its next submit; the count of messages set aside starts at 0 on its page."""
+    import redis
+
+    from specq.jobs.fleet_registry import broker_client
+    from specq.jobs.services import broker_unavailable
+
+    client = broker_client(broker)
+    try:
+        publish_serving(ctx, client)
+    except redis.RedisError as exc:
+        raise broker_unavailable(broker, exc) from None
+    finally:
+        client.close()
+    if ctx.metrics is not None:
+        ctx.metrics.dead_lettered.labels(ctx.config.device)
 
 
 def run_worker(
@@ -78,6 +98,7 @@ def run_worker(
         broker=broker,
     )
     set_context(ctx)
+    announce(ctx, broker)
     register_worker(ctx)
     # the patched transport is installed before the heartbeat's sweeper may send its first task
     from celery import signals
@@ -121,6 +142,7 @@ def run_worker(
     finally:
         heartbeat.stop()
         unregister_worker(ctx)
+        withdraw_serving(ctx)
         set_context(None)
         # Celery sends stdout and stderr to its logger while it runs: the closing line is printed plainly
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__

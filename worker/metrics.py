@@ -17,6 +17,9 @@ Timings, all histograms in seconds, per request unless said otherwise:
 - time per output token: the engine's time after the first token, per further token;
 - chunk duration: one chunk task, claim to settle.
 
+`specq_chunks_dead_lettered_total` counts the chunk messages this worker set aside because they named
+another database than its own (`worker.serving`); any rise means a client submits to the wrong fleet.
+
 Gauges of the loaded models: the seconds `--compile` took at load, and the decode-step speedup it
 measured (decoding/compiled.py), per role (target, draft; warm_up: the decode that compiles the
 engine's shapes, in seconds only).
@@ -96,6 +99,7 @@ class WorkerMetrics:
     chunk_duration: Histogram
     compile_seconds: Gauge
     compile_speedup: Gauge
+    dead_lettered: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None, fleet: Collector | None = None) -> WorkerMetrics:
@@ -198,6 +202,12 @@ class WorkerMetrics:
                 "specq_model_compile_speedup",
                 "A decode step's eager over compiled time, as its compile measured it; 1 where it runs eagerly.",
                 (*LABELS, "role"),
+                registry=r,
+            ),
+            dead_lettered=Counter(
+                "specq_chunks_dead_lettered",
+                "Chunk messages set aside unrun: they named a database this worker does not serve.",
+                ("device",),
                 registry=r,
             ),
         )

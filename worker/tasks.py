@@ -32,19 +32,14 @@ def process_chunk(job_id: str, first: int, end: int, database: str | None = None
 
     `database`: the identity of the job's database (`db.session.identity`; absent from older messages).
     A worker pointed at another database would find no job there and drop the chunk as one deleted;
-    instead it gives the chunk back to the queue and stops taking work (exit 4), saying why."""
+    instead it sets the message aside (`worker.serving.set_aside`) and goes on serving its own."""
     ctx = get_context()
     if database is not None and database != identity(ctx.db):
-        from specq.jobs.enqueue import enqueue_chunks
+        from specq.worker.serving import set_aside
 
-        assert ctx.config.broker is not None
-        enqueue_chunks(ctx.config.broker, [(job_id, first, end)], database)
-        ctx.shared.unusable = (
-            f"job {job_id} is in another database than this worker's ({ctx.db.url}): check SPECQ_DATABASE_URL"
-        )
-        counts = {"claimed": 0, "written": 0, "cancelled": 0, "released": 0}
-    else:
-        counts = run_chunk_patiently(ctx, job_id, first, end)
+        set_aside(ctx, (job_id, first, end), database)
+        return {"claimed": 0, "written": 0, "cancelled": 0, "released": 0}
+    counts = run_chunk_patiently(ctx, job_id, first, end)
     log.info("job %s chunk [%d, %d): %s", job_id, first, end, counts)
     if ctx.shared.unusable:
         # the chunk went back to the queue; this worker takes no other: Celery's own warm shutdown,
