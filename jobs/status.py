@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, defer
 
 from specq.db.models import Batch, Job, Request, Result, TrainedDraft, Worker
 from specq.db.session import Database, schema_ready
-from specq.db.states import JOB_TERMINAL, WorkerState
+from specq.db.states import JOB_TERMINAL, DraftTrainingState, WorkerState
 from specq.db.types import utcnow
 from specq.decoding.stats import PROPOSER_COUNTERS, empty_by_proposer
 from specq.errors import JobNotFoundError
@@ -90,7 +90,8 @@ class JobStatus:
     draft: str | None
     model_free: str | None
     # `--draft train:N`'s head (worker/trained_draft.py): what was asked, its state (waiting for the first
-    # N requests, training, ready, failed) and what training took or why it failed; None for other jobs
+    # N requests, training, ready, failed, untrained, rejected), what training took or why it failed or
+    # is not used, and what decodes the rest (`rest_with`); None for other jobs
     draft_training: dict[str, Any] | None
     input: str
     metadata: dict[str, str]
@@ -199,9 +200,24 @@ def _draft_training(settings: JobSettings, row: TrainedDraft | None) -> dict[str
         shown.update(
             trained_on=row.report.get("sequences"), steps=row.report.get("steps"), seconds=row.report.get("seconds")
         )
+        if row.report.get("agreement") is not None:
+            shown["agreement"] = row.report["agreement"]
+        if row.report.get("stopped") and row.state == DraftTrainingState.READY:  # a token budget cut short
+            shown["stopped"] = row.report["stopped"]
     if row is not None and row.error:
-        shown["error"] = row.error
+        # a head that failed has an error; one that did not train or measured worse than no draft, a reason
+        shown["error" if row.state == DraftTrainingState.FAILED else "reason"] = row.error
+    shown["rest_with"] = _rest_with(settings, row)
     return shown
+
+
+def _rest_with(settings: JobSettings, row: TrainedDraft | None) -> str:
+    """What decodes the requests past the first N: the head once ready, else the job's model-free
+    proposers or the target alone (until it is ready, or for good where it ended otherwise)."""
+    model_free = settings.decoding.model_free
+    if row is not None and row.state == DraftTrainingState.READY:
+        return "trained head" + (f" and model-free proposers ({model_free})" if model_free else "")
+    return f"model-free proposers ({model_free})" if model_free else "target alone"
 
 
 def _describe(job: Job, spec: _Counters, now: datetime, trained: TrainedDraft | None = None) -> JobStatus:

@@ -7,8 +7,14 @@ A worker running a chunk past the first N asks `speculating_pair` for its models
   target alone (speculation is lossless: the outputs are the same, only slower);
 - else this worker claims the training (a row inserted, or a dead trainer's lapsed claim taken over),
   trains on the first N completions (distill/job_head.py), renewing its claim as it goes, stores the
-  head and speculates with it. Training that fails marks the row failed, with the reason `status`
-  shows; the job goes on with the target alone. A worker told to stop gives the claim back at once.
+  head and speculates with it. Training that fails marks the row failed; a head whose budget ran out
+  before it learnt anything is marked untrained, and one that its own chains measure worse than no
+  draft rejected; each with the reason `status` shows, and the job goes on with its model-free
+  proposers, if it asked for them, or the target alone. A worker told to stop gives the claim back at
+  once.
+
+The training phase ends by its budget in wall time (distill/job_head.py wall_time_limit), on a clock
+`SPECQ_FAULT_TRAINING_TICK_S` may replace (worker/faults.py).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from specq.db.models import Job, Request, Result, TrainedDraft
-from specq.db.states import NOT_CLAIMABLE, RequestState
+from specq.db.states import DRAFT_TRAINING_TRANSITIONS, NOT_CLAIMABLE, DraftTrainingState, RequestState
 from specq.db.types import utcnow
 
 if TYPE_CHECKING:
@@ -35,7 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRAINING, READY, FAILED = "training", "ready", "failed"
+TRAINING, READY, FAILED = DraftTrainingState.TRAINING, DraftTrainingState.READY, DraftTrainingState.FAILED
+UNTRAINED, REJECTED = DraftTrainingState.UNTRAINED, DraftTrainingState.REJECTED
 MAX_TRAINED_HEADS = 4  # jobs whose head a worker keeps loaded
 
 
@@ -156,6 +163,7 @@ def _train_if_due(
     if not claim_training(ctx, job.id, training.prompts, now):
         return None
     from specq.distill.job_head import head_config, head_weights, train_job_head
+    from specq.worker.faults import training_clock
 
     sequences = training_sequences(ctx, job, settings, target_only)
     log.info("job %s: training its draft head on %d completions (%s)", job.id, len(sequences), training.budget)
@@ -176,6 +184,7 @@ def _train_if_due(
             training.parsed_budget,
             depth=settings.decoding.draft_model_depth,
             on_step=on_step,
+            clock=training_clock(),
         )
     except _Stopping:
         _release(ctx, job.id)
@@ -185,6 +194,12 @@ def _train_if_due(
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
         log.warning("job %s: training its draft failed (%s); the target decodes the rest alone", job.id, reason)
         finish_training(ctx, job.id, state=FAILED, error=reason, now=now)
+        return None
+    unusable = why_unusable(trained.report)
+    if unusable is not None:
+        state, reason = unusable
+        log.warning("job %s: its draft head is %s (%s); the rest runs without it", job.id, state, reason)
+        finish_training(ctx, job.id, state=state, error=reason, now=now, report=trained.report)
         return None
     finish_training(
         ctx,
@@ -197,6 +212,23 @@ def _train_if_due(
     )
     log.info("job %s: its draft head is trained (%s)", job.id, trained.report)
     return _keep(ctx, job.id, target_only.target, trained.head)
+
+
+def why_unusable(report: dict[str, Any]) -> tuple[DraftTrainingState, str] | None:
+    """Whether a trained head would cost more than it gives, and why: untrained where no step trained a
+    token (its budget ran out first), rejected where its first proposals match the target on under
+    USEFUL_AGREEMENT of its own chains; None where it is worth speculating with."""
+    from specq.distill.job_head import USEFUL_AGREEMENT
+
+    if not report.get("chain_tokens"):
+        return UNTRAINED, report.get("stopped") or "no training step had a token to learn"
+    agreement = report.get("agreement")
+    if agreement is not None and agreement < USEFUL_AGREEMENT:
+        return REJECTED, (
+            f"its first proposals match the target's tokens on {agreement:.1%} of the chains it trained on, "
+            f"under the {USEFUL_AGREEMENT:.0%} a draft needs to pay for itself"
+        )
+    return None
 
 
 def training_sequences(ctx: WorkerContext, job: Job, settings: JobSettings, target_only: ModelPair) -> list[Decoded]:
@@ -263,6 +295,7 @@ def _release(ctx: WorkerContext, job_id: str) -> None:
 def finish_training(ctx: WorkerContext, job_id: str, *, state: str, now: Callable[[], datetime], **values: Any) -> None:
     """Mark the training ended, where this worker still holds it (a worker whose claim was taken over
     keeps its head for its own chunk and stores nothing)."""
+    assert state in DRAFT_TRAINING_TRANSITIONS[TRAINING] and state != TRAINING, state
     with ctx.db.session() as session:
         session.execute(
             update(TrainedDraft)
