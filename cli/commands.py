@@ -9,6 +9,7 @@ from specq.cli import (  # noqa: F401
     demo_models,
     draft,
     export,
+    models,
     run,
     status,
     submit,

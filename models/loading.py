@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from specq.errors import ModelLoadError, reason
-from specq.models import gguf
+from specq.models import gguf, names
 from specq.models.families import attention_implementation, why_unsupported
 
 if TYPE_CHECKING:
@@ -54,6 +54,13 @@ def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def model_folder(name_or_path: str) -> str:
+    """What transformers loads for a model name, for `run`, `submit`, the workers, `bench` and `draft train`
+    alike: a catalogue name's GGUF file (fetched first where it is not local, models/names.py), and any
+    GGUF file, as its converted folder (converted on first use, models/gguf.py); else the name unchanged."""
+    return gguf.resolve(names.resolve(name_or_path))
+
+
 def check_location(name_or_path: str) -> None:
     """ModelLoadError, one line, when nothing exists at `name_or_path` and it cannot be a Hugging Face id
     either (a mistyped folder such as `./models/draft`): transformers would answer with hub advice about
@@ -77,14 +84,15 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     loaded."""
     from transformers import AutoTokenizer
 
-    folder = gguf.resolve(name_or_path)  # first: a missing .gguf file is named as one
+    folder = model_folder(name_or_path)  # first: a missing .gguf file is named as one
     check_location(name_or_path)
     logger.info("loading tokenizer %s", name_or_path)
     try:
         return AutoTokenizer.from_pretrained(folder)
     # from_pretrained fails in many ways (OSError, ValueError, KeyError, JSON errors); all mean the same.
     except Exception as exc:
-        raise ModelLoadError(f"cannot load the tokenizer of {name_or_path!r} ({reason(exc)})") from exc
+        where = gguf.described(name_or_path, folder)
+        raise ModelLoadError(f"cannot load the tokenizer of {where} ({reason(exc)})") from exc
 
 
 def load_config(name_or_path: str) -> Any:
@@ -92,12 +100,13 @@ def load_config(name_or_path: str) -> Any:
     be loaded."""
     from transformers import AutoConfig
 
-    folder = gguf.resolve(name_or_path)
+    folder = model_folder(name_or_path)
     check_location(name_or_path)
     try:
         return AutoConfig.from_pretrained(folder)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load the model config of {name_or_path!r} ({reason(exc)})") from exc
+        where = gguf.described(name_or_path, folder)
+        raise ModelLoadError(f"cannot load the model config of {where} ({reason(exc)})") from exc
 
 
 def check_supported(name_or_path: str, config: Any) -> None:
@@ -115,7 +124,7 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None)
 
     config = load_config(name_or_path)
     check_supported(name_or_path, config)
-    folder = gguf.resolve(name_or_path)
+    folder = model_folder(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
     # transformers' own per-tensor bar would interleave with specq's progress bar on stderr
@@ -129,7 +138,8 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None)
         )
         model = model.to(device)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load the model {name_or_path!r} ({reason(exc)})") from exc
+        where = gguf.described(name_or_path, folder)
+        raise ModelLoadError(f"cannot load the model {where} ({reason(exc)})") from exc
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
@@ -241,6 +251,36 @@ def check_same_vocab(
     )
 
 
+def target_shape(config: Any) -> tuple[int, int]:
+    """(hidden size, vocabulary size) of a target's model config: what a draft head must match."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.hidden_size), int(text.vocab_size)
+
+
+def check_pair(target: str, draft: str | None) -> PreTrainedTokenizerBase:
+    """Everything a load of the pair checks before any model weights are read, for `run`, `submit` and
+    the workers alike: the target's tokenizer (returned) and config, the family's support, the draft's
+    vocabulary, and a draft head (a folder `specq draft train --proposer head` wrote, decoding/draft_head.py)
+    against the target's shape, every field of it; any other draft's config and family. ModelLoadError,
+    one line."""
+    from specq.decoding.draft_head import is_head_folder, read_head
+
+    tokenizer = load_tokenizer(target)
+    target_config = load_config(target)
+    check_supported(target, target_config)
+    if draft is None:
+        return tokenizer
+    check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+    if not is_head_folder(draft):
+        check_supported(draft, load_config(draft))
+        return tokenizer
+    try:
+        read_head(draft, *target_shape(target_config))
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot load the draft {draft!r}: {exc}") from None
+    return tokenizer
+
+
 def load_pair(
     target: str,
     draft: str | None = None,
@@ -266,14 +306,9 @@ def load_pair(
     from specq.decoding.draft_head import is_head_folder, load_head
     from specq.decoding.hf_model import HiddenTap
 
-    tokenizer = load_tokenizer(target)
+    tokenizer = check_pair(target, draft)
     # a draft head (`specq draft train --proposer head`) is a folder of its own kind, loaded onto the target
     head = draft is not None and is_head_folder(draft)
-    if draft is not None:
-        check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
-    for name in (target, None if head else draft):
-        if name is not None:
-            check_supported(name, load_config(name))
     target_model = load_model(target, device, dtype)
     draft_model: Any = None
     if head:

@@ -9,7 +9,7 @@ start on that device (`worker.autoscale.supervisor`).
 
 from __future__ import annotations
 
-from specq.errors import WorkerUnusableError
+from specq.errors import ModelFetchError, WorkerUnusableError
 
 EXIT_DEVICE_UNUSABLE = 3
 EXIT_MODEL_UNLOADABLE = 4
@@ -44,6 +44,9 @@ def _unusable(device: str, reason: str) -> WorkerUnusableError:
 
 def is_worker_side_load_failure(exc: BaseException) -> bool:
     """A model load that failed because of this worker (I/O, permissions, memory, the device), not
-    because of the job: the loader wraps such errors, so their cause is an OSError or RuntimeError."""
+    because of the job: the loader wraps such errors, so their cause is an OSError or RuntimeError; and a
+    catalogue model this worker cannot fetch, or may not (`--no-pull-models`), which another worker may hold."""
+    if isinstance(exc, ModelFetchError):
+        return True
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     return isinstance(cause, OSError | RuntimeError | MemoryError)
