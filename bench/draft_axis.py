@@ -9,10 +9,11 @@ sampled alike for every contender:
     suffix        the job's suffix index plus prompt lookup, adaptive k;
     hybrid        the draft model and the suffix index (plus prompt lookup), row by row in one verify pass;
     hf_generate   transformers' batched `generate`, the target alone (left-padded static batches);
-    hf_prompt_lookup  transformers' prompt lookup (`generate(prompt_lookup_num_tokens=...)`), batch 1 only,
-                  the one batch size it decodes.
+    hf_assisted   transformers' assisted generation (`generate(assistant_model=draft)`) with the same draft
+                  model, with HF's own candidate schedule; batch 1 only, the one batch size it decodes;
+    hf_prompt_lookup  transformers' prompt lookup (`generate(prompt_lookup_num_tokens=...)`), batch 1 only.
 
-The draft model's contenders run only where a draft is given.
+The draft model's contenders (draft, hybrid, hf_assisted) run only where a draft model is given.
 
 Each contender is warmed up once (its adaptive-k policy keeps what the warm-up measured), then the
 timed passes take turns, as in bench/runner.py. Each pass starts from an EMPTY suffix index: the
@@ -42,7 +43,7 @@ from specq.bench.runner import (
 )
 from specq.bench.workloads import workload_token_ids
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
-from specq.decoding.config import ModelFree
+from specq.decoding.config import DRAFT_MODEL_SPECULATIVE_TOKENS, ModelFree
 from specq.decoding.stats import PROPOSERS
 from specq.decoding.suffix_index import SuffixIndex
 from specq.errors import SpecqError
@@ -60,7 +61,7 @@ DRAFTS: dict[str, tuple[bool, ModelFree | None]] = {
     "suffix": (False, "suffix"),
     "hybrid": (True, "suffix"),
 }
-HF_CONTENDERS = ("hf_generate", "hf_prompt_lookup")
+HF_CONTENDERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 # transformers' own default for prompt lookup's candidates a step (its documentation's example uses 10)
 HF_PROMPT_LOOKUP_TOKENS = 10
 
@@ -113,7 +114,7 @@ def run_draft_axis(
     with `drop_loops`, on the prompts whose target-only greedy completion does not loop (`_without_loops`)."""
     from specq.bench.runner import BenchSettings
 
-    names = ["target_only", *[d for d in drafts if d != "target_only" and (draft is not None or not _uses_draft(d))]]
+    names = ["target_only", *[d for d in drafts if d != "target_only" and _can_run(d, draft)]]
     settings = BenchSettings(batch_sizes=tuple(batch_sizes), warmup=warmup, repeats=repeats)
     rows: list[dict[str, Any]] = []
     prompt_counts: dict[str, int] = {}
@@ -139,7 +140,7 @@ def run_draft_axis(
             for name in names:
                 if name in HF_CONTENDERS:
                     if name == "hf_generate" or b == 1:
-                        contenders.append(_hf_contender(name, b, target, tokenizer, requests))
+                        contenders.append(_hf_contender(name, b, target, draft, tokenizer, requests))
                     continue
                 uses_draft, model_free = DRAFTS[name]
                 config = DecodingConfig(batch_size=b, model_free=model_free, **k_option)
@@ -163,13 +164,21 @@ def run_draft_axis(
     return {"rows": rows, "prompt_tokens": prompt_counts, **({"dropped_loops": dropped} if drop_loops else {})}
 
 
-def _uses_draft(name: str) -> bool:
-    return name in DRAFTS and DRAFTS[name][0]
+def _can_run(name: str, draft) -> bool:
+    """Whether contender `name` can run with `draft` (None: no draft): the draft's contenders need one, and
+    transformers' assisted generation a draft model, not a draft head (decoding/draft_head.py)."""
+    from specq.decoding.draft_head import DraftHead
+
+    if name == "hf_assisted":
+        return draft is not None and not isinstance(draft, DraftHead)
+    return draft is not None or not (name in DRAFTS and DRAFTS[name][0])
 
 
-def _hf_contender(name: str, batch_size: int, target, tokenizer, requests: list[GenerationRequest]) -> _Contender:
-    """transformers' batched `generate` or its prompt lookup (batch 1) on the same token ids, greedy or
-    sampled as the engine's requests are."""
+def _hf_contender(
+    name: str, batch_size: int, target, draft, tokenizer, requests: list[GenerationRequest]
+) -> _Contender:
+    """transformers' batched `generate`, its assisted generation with `draft` (batch 1) or its prompt lookup
+    (batch 1) on the same token ids, greedy or sampled as the engine's requests are."""
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     params = requests[0].params
     pad = getattr(tokenizer, "pad_token_id", None)
@@ -178,6 +187,10 @@ def _hf_contender(name: str, batch_size: int, target, tokenizer, requests: list[
     if name == "hf_generate":
         return _TimedBaselineContender(
             Run(name, batch_size), lambda: hf_baselines.batched_generate(target, prompts, batch_size, config, eos)
+        )
+    if name == "hf_assisted":
+        return _TimedBaselineContender(
+            Run(name, batch_size), lambda: hf_baselines.assisted_generate(target, draft, prompts, config, eos)
         )
     return _TimedBaselineContender(
         Run(name, batch_size),
@@ -224,6 +237,10 @@ def _row(workload: str, batch_size: int, runs: dict[str, Run], compare: bool) ->
             # where a pass's time went: its prompts' prefill, and the target's decode forwards (steps)
             "prefill_seconds": stats.get("prefill_seconds"),
             "decode_forwards": stats.get("decode_forwards"),
+            # completion tokens (all rows') per decode forward of the target: what each proposer saves
+            "tokens_per_target_forward": (
+                statistics.median(run.tokens) / stats["decode_forwards"] if stats.get("decode_forwards") else None
+            ),
         }
     return {
         "workload": workload,
@@ -273,12 +290,16 @@ def _summary(row: dict[str, Any]) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The table for docs/benchmarks.md: per workload and batch size, each contender's tokens/s, its
     speedup over target-only (the median round's, with the lowest and highest rounds' where there were
-    several), its acceptance (split by proposer for the hybrid), greedy identity, and where a pass's
-    time went: its median seconds, of them the prefill (mean), and the target's decode forwards."""
+    several), its acceptance (split by proposer for the hybrid), greedy identity, where a pass's time
+    went (its median seconds, of them the prefill (mean), and the target's decode forwards), the
+    completion tokens per target forward, and the tokens/s that many tokens a forward would give if every
+    target forward ran at its memory floor (bench/roofline.py; drafting and prefill left out): the
+    distance to the limit."""
+    floor_ms = _target_floor_ms(results)
     lines = [
         "| workload | B | contender | tokens/s | vs target-only (rounds) | acceptance | by proposer | mean k |"
-        " same output | s a pass | prefill s | decode forwards |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        " same output | s a pass | prefill s | decode forwards | tokens / forward | at floor tok/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in results["rows"]:
         for name, c in row["contenders"].items():
@@ -290,15 +311,24 @@ def markdown(results: dict[str, Any]) -> str:
             speedup = f"{c['over_target_only']:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else "")
             prefill = "-" if c.get("prefill_seconds") is None else f"{c['prefill_seconds']:.2f}"
             forwards = "-" if c.get("decode_forwards") is None else f"{c['decode_forwards']:.0f}"
+            per_forward = c.get("tokens_per_target_forward")
+            at_floor = "-" if per_forward is None or floor_ms is None else f"{per_forward / floor_ms * 1e3:.1f}"
             lines.append(
                 f"| {row['workload']} | {row['batch_size']} | {name} | {c['tokens_per_s']:.1f} | "
-                f"{speedup} | {acceptance} | {split} | {k} | {same} | {c['seconds']:.2f} | {prefill} | {forwards} |"
+                f"{speedup} | {acceptance} | {split} | {k} | {same} | {c['seconds']:.2f} | {prefill} | {forwards} | "
+                f"{'-' if per_forward is None else f'{per_forward:.2f}'} | {at_floor} |"
             )
     notes = _repetition_notes(results["rows"]) + [
         f"- {workload}: {count} prompts dropped before timing (--drop-loops), their target-only completions loop."
         for workload, count in results.get("dropped_loops", {}).items()
     ]
     return "\n".join(lines + ([""] if notes else []) + notes) + "\n"
+
+
+def _target_floor_ms(results: dict[str, Any]) -> float | None:
+    """The target's batch-1 forward floor in ms (the roofline's), None where the results have none."""
+    rows = results.get("roofline", {}).get("models", [])
+    return next((row["floor_ms"] for row in rows if row["model"] == "target"), None)
 
 
 def run_draft_axis_benchmark(
@@ -329,7 +359,9 @@ def run_draft_axis_benchmark(
     results = run_draft_axis(
         pair.target, pair.draft, pair.tokenizer, workloads, drafts, batch_sizes, progress=progress, **settings
     )
-    bandwidth, roofline = measure_pair_roofline(pair, progress)
+    # a verify is K + 1 wide: the draft model's K where given, else its default (decoding.config)
+    k = settings.get("num_speculative_tokens") or DRAFT_MODEL_SPECULATIVE_TOKENS
+    bandwidth, roofline = measure_pair_roofline(pair, progress, max_width=k + 1)
     return {
         "command": command,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -31,6 +31,11 @@ def _same(row: dict[str, Any]) -> str:
     return f"{'yes' if row['same_output'] else 'NO'} {row['same_output_prompts']}/{total}"
 
 
+def _by_width(v: dict[Any, float] | None) -> str:
+    """'1:12.0 2:13.1 ...': a forward's milliseconds by its width in tokens (JSON makes the widths strings)."""
+    return "-" if not v else " ".join(f"{width}:{ms:.1f}" for width, ms in v.items())
+
+
 def _k_steps(v: dict[str, int]) -> str:
     total = sum(v.values())
     return " ".join(f"{k}:{100 * n / total:.0f}%" for k, n in v.items()) if total else "-"
@@ -86,6 +91,8 @@ ROOFLINE: Columns = [
     ("compiled / floor", "compiled_over_floor", _times),
     ("compile s", "compile_s", _num(1)),  # at load: what every job runs first (decoding/compiled.py)
     ("compiled step speedup", "compile_speedup", _times),  # the measurement `auto` follows
+    # a verify of K draft tokens is K + 1 wide: at the floor it costs what a step does
+    ("eager ms by width", "eager_forward_ms_by_width", _by_width),
 ]
 TableSpec = tuple[str, Columns, list[dict[str, Any]]]  # title, columns, rows
 
@@ -119,8 +126,10 @@ def roofline_table(results: dict[str, Any]) -> TableSpec:
     return title, ROOFLINE, roofline["models"]
 
 
-def print_tables(results: dict[str, Any], file: TextIO | None = None) -> None:
-    console = Console(file=file, stderr=file is None, width=200)
+def print_tables(results: dict[str, Any], to_stderr: bool = False, file: TextIO | None = None) -> None:
+    """The result tables for people: on stdout (so `specq bench > results.txt` keeps them), on stderr
+    where stdout carries the JSON (`--json -`)."""
+    console = Console(file=file, stderr=to_stderr, width=200)
     for title, columns, rows in _tables(results):
         table = Table(title=title, title_justify="left")
         for header, *_ in columns:

@@ -73,34 +73,46 @@ def forward_floor_seconds(weight_bytes: int, bandwidth: float) -> float:
     return weight_bytes / bandwidth
 
 
-def decode_forward_seconds(model: Any, context: int = CONTEXT_TOKENS, repeats: int = FORWARD_REPEATS) -> float:
-    """Median seconds of one batch-1 decode forward, one new token over a `context`-token cache, as the
-    engine runs it (decoding/hf_model.py's RaggedLM, in inference mode), after a warm-up.
+def decode_forward_seconds(
+    model: Any, context: int = CONTEXT_TOKENS, repeats: int = FORWARD_REPEATS, width: int = 1
+) -> float:
+    """Median seconds of one batch-1 decode forward of `width` new tokens (1: a plain step; K + 1: a
+    verify of K draft tokens) over a `context`-token cache, as the engine runs it (decoding/hf_model.py's
+    RaggedLM, in inference mode), after a warm-up.
 
     The eager module prefills the cache, so that a compiled `model` needs no graph for a prefill of
-    this shape; every timed forward writes the same column, so each sees the same cache."""
+    this shape; every timed forward writes the same columns, so each sees the same cache."""
     lm = RaggedLM(model)
-    cache = lm.new_cache(rows=1, capacity=context + 1)
+    cache = lm.new_cache(rows=1, capacity=context + width)
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, lm.vocab_size, (1, context + 1), generator=generator).to(lm.device)  # [1, context + 1]
+    tokens = torch.randint(0, lm.vocab_size, (1, context + width), generator=generator).to(lm.device)
+    # [1, context + width]
+    columns = torch.arange(context, context + width, device=lm.device).unsqueeze(0)  # [1, width]
     rows = torch.zeros(1, dtype=torch.long, device=lm.device)
-    columns = torch.full((1, 1), context, dtype=torch.long, device=lm.device)  # [1, 1]
     seconds = []
     with torch.inference_mode():
         RaggedLM(eager_module(model)).prefill(cache, rows, tokens[:, :context], lm.vocab_size, keep=LAST_ONLY)
         for _ in range(FORWARD_WARMUP + repeats):
             _synchronize(lm.device)
             started = time.perf_counter()
-            lm.step(cache, tokens[:, context:], columns, context + 1, lm.vocab_size)
+            lm.step(cache, tokens[:, context:], columns, context + width, lm.vocab_size)
             _synchronize(lm.device)
             seconds.append(time.perf_counter() - started)
     return statistics.median(seconds[FORWARD_WARMUP:])
 
 
-def measure_roofline(models: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+def forward_ms_by_width(model: Any, widths: range, repeats: int = FORWARD_REPEATS) -> dict[int, float]:
+    """Milliseconds of a batch-1 eager forward of each width in `widths` (1 to K + 1): how much more a
+    verify of K draft tokens costs than a plain step. At the memory roofline it costs the same: both
+    read every weight once."""
+    return {width: 1e3 * decode_forward_seconds(eager_module(model), repeats=repeats, width=width) for width in widths}
+
+
+def measure_roofline(models: dict[str, Any], max_width: int = 1) -> tuple[float, dict[str, Any]]:
     """(the machine's bandwidth in bytes per second, the roofline): the bandwidth measured once, then for
     each model (by its role: target, draft) its weight bytes, floor and batch-1 decode forward time,
-    eager and, when the model is compiled, compiled."""
+    eager and, when the model is compiled, compiled; with `max_width` > 1, its eager forward's time at
+    each width from 1 to `max_width` too (a verify of K draft tokens is K + 1 wide)."""
     sizes = {role: weight_bytes(model) for role, model in models.items()}
     device = next(eager_module(next(iter(models.values()))).parameters()).device
     bandwidth = measure_bandwidth(device, max(sizes.values()))
@@ -109,6 +121,7 @@ def measure_roofline(models: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         floor = forward_floor_seconds(sizes[role], bandwidth)
         eager = decode_forward_seconds(eager_module(model))
         compiled = None if eager_module(model) is model else decode_forward_seconds(model)
+        by_width = forward_ms_by_width(model, range(2, max_width + 1)) if max_width > 1 else {}
         rows.append(
             {
                 "model": role,
@@ -118,6 +131,8 @@ def measure_roofline(models: dict[str, Any]) -> tuple[float, dict[str, Any]]:
                 "eager_over_floor": eager / floor,
                 "compiled_forward_ms": None if compiled is None else compiled * 1e3,
                 "compiled_over_floor": None if compiled is None else compiled / floor,
+                # width -> ms; width 1 is the eager forward above
+                "eager_forward_ms_by_width": {1: eager * 1e3, **by_width} if by_width else None,
             }
         )
     return bandwidth, {"context_tokens": CONTEXT_TOKENS, "models": rows}

@@ -587,7 +587,7 @@ def run_benchmark(
     )
     machine = machine_info(device, dtype)
     results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, settings, progress=progress)
-    bandwidth, roofline = measure_pair_roofline(pair, progress)
+    bandwidth, roofline = measure_pair_roofline(pair, progress, max_width=settings.num_speculative_tokens + 1)
     return {
         "command": command,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -607,17 +607,19 @@ def run_benchmark(
     }
 
 
-def measure_pair_roofline(pair, progress: Callable[[str], None]) -> tuple[float, dict[str, Any]]:
-    """(memory bandwidth in bytes per second, roofline) of the pair's models (bench/roofline.py). Run after
-    the benchmark, so that compiled models have their batch-1 graphs from the runs at B = 1."""
+def measure_pair_roofline(pair, progress: Callable[[str], None], max_width: int = 1) -> tuple[float, dict[str, Any]]:
+    """(memory bandwidth in bytes per second, roofline) of the pair's models (bench/roofline.py), with each
+    model's forward time at widths 1 to `max_width`. Run after the benchmark, so that compiled models
+    have their batch-1 graphs from the runs at B = 1."""
     from specq.bench.roofline import measure_roofline
     from specq.decoding.draft_head import DraftHead
 
-    progress("roofline: memory bandwidth, and one batch-1 decode forward of each model")
+    widths = f" at widths 1 to {max_width}" if max_width > 1 else ""
+    progress(f"roofline: memory bandwidth, and batch-1 decode forwards of each model{widths}")
     # a draft head is no model of its own: it runs no decode forward, and its tables are the target's
     drafts = [] if isinstance(pair.draft, DraftHead) else [("draft", pair.draft)]
     models = {role: model for role, model in (("target", pair.target), *drafts) if model is not None}
-    bandwidth, roofline = measure_roofline(models)
+    bandwidth, roofline = measure_roofline(models, max_width)
     for row in roofline["models"]:  # what compiling each model cost at load and the speedup it measured
         outcome = pair.compiled.get(row["model"])
         row["compile_s"] = None if outcome is None or not outcome.compiled else outcome.seconds

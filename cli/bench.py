@@ -228,7 +228,7 @@ def bench(
         raise click.UsageError(str(exc)) from None
     with specq_errors():  # a model that cannot load, or cannot compile with --compile on: exit 2
         results = runner.run_benchmark(target, draft, settings, **loading)
-    report.print_tables(results)
+    report.print_tables(results, to_stderr=json_path == "-")
     if json_path:
         report.write_json(results, json_path)
     if markdown_path:
@@ -255,7 +255,7 @@ def _draft_axis(
             target, draft, workloads, drafts, batch_sizes, **loading, **settings
         )
     table = draft_axis.markdown(results) + "\n" + report.roofline_markdown(results)
-    click.echo(table, err=True)  # for people, as the other tables: stdout is for `--json -`
+    click.echo(table, err=json_path == "-")  # the results on stdout, unless it carries the JSON
     if json_path:
         report.write_json(results, json_path)
     if markdown_path:

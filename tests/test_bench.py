@@ -465,6 +465,41 @@ def test_the_draft_axis_runs_transformers_beside_specq_and_a_target_alone_skips_
             assert contender["prefill_seconds"] > 0 and contender["decode_forwards"] >= 0, name
 
 
+def test_the_draft_axis_runs_transformers_assisted_generation_with_the_same_draft_at_batch_1(tiny_pair):
+    """The seed's comparison: transformers' assisted generation with the very draft model specq drafts
+    with, one prompt at a time (its only batch size), its outputs checked against target-only's; each row
+    says how many completion tokens a target forward gave."""
+    from specq.bench.draft_axis import markdown, run_draft_axis
+    from specq.models.loading import load_pair
+
+    pair = load_pair(tiny_pair[0], tiny_pair[1], "cpu", None)
+    results = run_draft_axis(
+        pair.target,
+        pair.draft,
+        pair.tokenizer,
+        ["grounded"],
+        ("draft", "hf_assisted"),
+        [1, 2],
+        num_prompts=2,
+        prompt_chars=64,
+        max_tokens=8,
+        temperature=0.0,
+        seed=0,
+        warmup=0,
+        repeats=1,
+    )
+    contenders = {row["batch_size"]: list(row["contenders"]) for row in results["rows"]}
+    assert contenders == {1: ["target_only", "draft", "hf_assisted"], 2: ["target_only", "draft"]}
+    assert all(row["same_output_all"] for row in results["rows"]), results["rows"]
+    at_1 = results["rows"][0]["contenders"]
+    # target-only decodes a token a forward (and one more from each prompt's prefill); the noisy copy's
+    # drafts are mostly accepted, so drafting gives more tokens a forward
+    plain = at_1["target_only"]["tokens_per_target_forward"]
+    assert 1.0 <= plain < at_1["draft"]["tokens_per_target_forward"]
+    assert plain < at_1["hf_assisted"]["tokens_per_target_forward"]
+    assert "| tokens / forward | at floor tok/s |" in markdown(results)
+
+
 def test_the_hybrid_contender_runs_beside_the_draft_in_the_same_rounds_from_an_empty_index(tiny_pair):
     # `draft train`'s held-out measurement asks for it (BenchSettings.hybrid). One prompt, so nothing in
     # a pass feeds its suffix index before the row ends: an index kept from the warm-up pass would offer

@@ -79,6 +79,10 @@ def _check_roofline(results: dict) -> None:
         assert row["weight_bytes"] > 0 and row["floor_ms"] > 0
         assert row["eager_over_floor"] > 0 and math.isfinite(row["eager_over_floor"])
         assert row["compiled_over_floor"] is None  # --compile off
+        # a verify of K = 4 draft tokens is 5 wide: each width's forward, width 1 the plain step
+        widths = row["eager_forward_ms_by_width"]
+        assert list(widths) == ["1", "2", "3", "4", "5"] and all(ms > 0 for ms in widths.values())
+        assert widths["1"] == row["eager_forward_ms"]
 
 
 def _bench_args(tiny_pair, out, markdown) -> list[str]:
@@ -93,7 +97,9 @@ def test_the_bench_report_has_the_roofline(tiny_pair, tmp_path):
     result = invoke([*_bench_args(tiny_pair, out, markdown), "--skip-hf-batched", "--skip-hf-assisted"])
     assert result.exit_code == 0, result.output
     _check_roofline(json.loads(out.read_text()))
-    assert "Roofline" in result.stderr and "eager / floor" in result.stderr
+    # the results on stdout (`specq bench > results.txt` keeps them), the progress on stderr
+    assert "Roofline" in result.stdout and "eager / floor" in result.stdout and "eager ms by width" in result.stdout
+    assert "roofline: memory bandwidth" in result.stderr and "Roofline" not in result.stderr
     assert "| model | weight MB | floor ms | eager forward ms | eager / floor |" in markdown.read_text()
 
 
@@ -102,7 +108,19 @@ def test_the_draft_axis_report_has_the_roofline(tiny_pair, tmp_path):
     result = invoke([*_bench_args(tiny_pair, out, markdown), "--workloads", "continuation", "--drafts", "draft"])
     assert result.exit_code == 0, result.output
     _check_roofline(json.loads(out.read_text()))
-    assert "eager / floor" in result.stderr and "eager / floor" in markdown.read_text()
+    assert "eager / floor" in result.stdout and "eager / floor" in markdown.read_text()
+    assert "eager / floor" not in result.stderr
+
+
+@pytest.mark.parametrize("axis", [[], ["--workloads", "continuation", "--drafts", "draft"]], ids=["pair", "draft-axis"])
+def test_bench_json_on_stdout_leaves_the_tables_to_stderr(tiny_pair, tmp_path, axis):
+    """`--json -`: stdout is the JSON document alone, so the tables for people go to stderr."""
+    args = _bench_args(tiny_pair, tmp_path / "unused.json", tmp_path / "bench.md")
+    args = [*args[: args.index("--json")], "--json", "-", "--skip-hf-batched", "--skip-hf-assisted", *axis]
+    result = invoke(args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["roofline"]["models"]
+    assert "eager / floor" in result.stderr
 
 
 def test_the_bench_report_has_each_models_compile_seconds_beside_its_speedups(tiny_pair, tmp_path, monkeypatch):
