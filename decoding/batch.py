@@ -70,6 +70,7 @@ class Appended:
     output_ids: np.ndarray  # [rows, k + 1] the accepted tokens and the recovered or bonus token, then padding
     accepted: np.ndarray  # draft tokens accepted
     emitted: np.ndarray  # tokens appended to the row's sequence (accepted + 1)
+    nonfinite_at: np.ndarray  # the first output position whose target logits were not finite (k + 1: none)
 
 
 class BatchState:
@@ -134,11 +135,18 @@ class BatchState:
 
     # -- a step's tokens ------------------------------------------------------------------------------
     def append(
-        self, output_token_ids: torch.Tensor, *, num_accepted: torch.Tensor | None, rows: np.ndarray, mask: torch.Tensor
+        self,
+        output_token_ids: torch.Tensor,
+        *,
+        num_accepted: torch.Tensor | None,
+        nonfinite_at: torch.Tensor,
+        rows: np.ndarray,
+        mask: torch.Tensor,
     ) -> Appended:
         """Append each of `rows`' output and move its length, on the device and on the host together: row
         b gains its first num_accepted[b] + 1 of `output_token_ids` [rows, k + 1] (one without draft
-        tokens, num_accepted None). `mask`: `rows` as a [rows] 0/1 tensor on the device.
+        tokens, num_accepted None). `mask`: `rows` as a [rows] 0/1 tensor on the device. `nonfinite_at`
+        [rows]: each row's first output position from logits that were not finite, read with the rest.
 
         The device only appends and moves lengths, then the host reads the step's few numbers once (the
         step's one sync) and moves its mirror of the lengths."""
@@ -148,17 +156,16 @@ class BatchState:
         # The target cache now holds seq_len_old + k tokens and should hold seq_len_new - 1: that is the
         # per-row rollback, implied by seq_lens.
         self.seq_lens = self.seq_lens + emitted
-        if num_accepted is None:
-            output_h, accepted_h = output_token_ids.cpu().numpy(), np.zeros(self.rows, np.int64)
-        else:
-            host = torch.cat([num_accepted.unsqueeze(1), output_token_ids], dim=1).cpu().numpy()  # [rows, k + 2]
-            output_h, accepted_h = host[:, 1:], host[:, 0]
+        accepted = torch.zeros_like(nonfinite_at) if num_accepted is None else num_accepted  # [rows]
+        counts = torch.stack([accepted, nonfinite_at], dim=1)  # [rows, 2]
+        host = torch.cat([counts, output_token_ids], dim=1).cpu().numpy()  # [rows, k + 3]
+        accepted_h, nonfinite_h, output_h = host[:, 0], host[:, 1], host[:, 2:]
         mask_h = np.zeros(self.rows, np.int64)  # [rows]
         mask_h[rows] = 1
         accepted_h = accepted_h * mask_h
         emitted_h = (accepted_h + 1) * mask_h  # [rows]
         self.seq_h = self.seq_h + emitted_h
-        return Appended(output_ids=output_h, accepted=accepted_h, emitted=emitted_h)
+        return Appended(output_ids=output_h, accepted=accepted_h, emitted=emitted_h, nonfinite_at=nonfinite_h)
 
     def record_logprobs(self, target_logits: torch.Tensor, output_token_ids: torch.Tensor, *, vocab_size: int) -> None:
         """Record, for the rows that asked, the log-probabilities of the step's output tokens [rows, k + 1]
@@ -217,6 +224,21 @@ class BatchState:
                 logprobs=None if buffers is None or wanted < 0 else buffers.read(row, start, tokens, wanted, tokenizer),
             )
             results.append(result)
+        self.release(rows)
+        return results
+
+    def fail(self, errors: dict[int, str]) -> list[GenerationResult]:
+        """The failed results of rows `errors` (row -> error), whose rows are released. A row that fails
+        mid-decoding may hold non-finite keys and values: its target cache is zeroed, since a later request
+        in the row reads its stale columns under the mask (and 0 x NaN is NaN), and its prompt forgotten."""
+        rows = sorted(errors)
+        results = []
+        for row in rows:
+            slot = self.slots[row]
+            assert slot is not None
+            results.append(GenerationResult.failed(slot.request.key, errors[row], int(self.prompt_h[row])))
+        self.target_cache.zero_rows(torch.tensor(rows, device=self.device))
+        self.held_prompts.forget(rows)
         self.release(rows)
         return results
 

@@ -15,7 +15,10 @@ One step, for every sequence (row) of the batch at once:
     advance   each row gains its own number of tokens; the target cache and the proposer roll back per
               row (decoding/kv_cache.py), so no row waits for the slowest one;
     finish    the host reads the step's few numbers once and ends rows on EOS, max_tokens or a stop
-              string (decoding/stopping.py); their results are yielded and their rows freed.
+              string (decoding/stopping.py); their results are yielded and their rows freed. A row
+              whose output came from target logits that were not finite (NaN or inf: broken weights)
+              fails alone, with the token it happened at; a draft's such distributions are rejected
+              (decoding/rejection.py), so they cost speed, never correctness.
 
 k is chosen per step by `SpeculationPolicy` (decoding/k_policy.py) from the rows' offers and measured
 step times (decoding/draft_plan.py; k = 0 is plain decoding, the only mode without a proposer; while the
@@ -30,8 +33,9 @@ Invariants at the start of a step, per row: the sequence (prompt and generated t
 first input of the next verification).
 
 The device is read once per step (`BatchState.append`): one small tensor with each row's accepted
-count and output tokens, which the host needs for endings, stop strings and refills. Nothing in
-propose, verify, accept or advance syncs. Log-probabilities, where asked for, are decoding/logprobs.py's.
+count, first position of non-finite target logits and output tokens, which the host needs for endings,
+stop strings, failures and refills. Nothing in propose, verify, accept or advance syncs.
+Log-probabilities, where asked for, are decoding/logprobs.py's.
 """
 
 from __future__ import annotations
@@ -62,13 +66,14 @@ from specq.decoding.sampling import (
     Stream,
     check_probs,
     counter_uniforms,
+    first_nonfinite,
     logits_to_probs,
     race_sample,
     sample_from_probs,
 )
 from specq.decoding.static_shapes import is_cuda_graphed, lease_cache
 from specq.decoding.stats import EngineStats
-from specq.decoding.stopping import ended_rows, endings
+from specq.decoding.stopping import FINISHED_STOP, ended_rows, endings
 from specq.decoding.stopwatch import Stopwatch
 from specq.decoding.suffix_index import SuffixIndex
 from specq.decoding.types import GenerationRequest, GenerationResult
@@ -249,7 +254,9 @@ class SpeculativeEngine:
         emitting[rows_t] = 1
         batch.record_logprobs(logits, output_token_ids, vocab_size=self.target_lm.vocab_size)
         no_drafts = np.zeros(batch.rows, np.int64)  # [rows]
-        report = self._advance(batch, rows, output_token_ids, mask=emitting, num_accepted=None, num_draft_h=no_drafts)
+        report = self._advance(
+            batch, rows, output_token_ids, logits, mask=emitting, num_accepted=None, num_draft_h=no_drafts
+        )
         return list(self._finish(batch, rows, report))
 
     # -- one step: propose, verify, accept, advance, finish -----------------------------------------
@@ -275,7 +282,13 @@ class SpeculativeEngine:
         )
         batch.record_logprobs(target_logits, output_token_ids, vocab_size=self.target_lm.vocab_size)
         report = self._advance(
-            batch, live, output_token_ids, mask=batch.active, num_accepted=num_accepted, num_draft_h=num_draft_h
+            batch,
+            live,
+            output_token_ids,
+            target_logits,
+            mask=batch.active,
+            num_accepted=num_accepted,
+            num_draft_h=num_draft_h,
         )
         if k:  # part of the step's time: the policy weighs what speculating costs on the host too
             self._count_drafts(batch, live, report, plan.sources)
@@ -357,17 +370,23 @@ class SpeculativeEngine:
         batch: BatchState,
         rows: np.ndarray,
         output_token_ids: torch.Tensor,
+        target_logits: torch.Tensor,
         *,
         mask: torch.Tensor,
         num_accepted: torch.Tensor | None,
         num_draft_h: np.ndarray,
     ) -> _StepReport:
         """Append the output of `rows` (`mask`: the same rows, a [rows] 0/1 mask on the device), roll the
-        target cache (`BatchState.append`) and the proposer back per row, and find rows that ended."""
+        target cache (`BatchState.append`) and the proposer back per row, and find rows that ended. The
+        output came from `target_logits` [rows, k + 1, V], whose first non-finite position per row is
+        read with it (a row ending on it fails in `_finish`)."""
         if self.config.strict:
             assert int((batch.seq_lens + output_token_ids.shape[1]).max()) <= batch.capacity
         room = batch.max_tokens_h - (batch.seq_h - batch.prompt_h)  # [rows] tokens each row may still add
-        appended = batch.append(output_token_ids, num_accepted=num_accepted, rows=rows, mask=mask)
+        nonfinite_at = first_nonfinite(target_logits)  # [rows]
+        appended = batch.append(
+            output_token_ids, num_accepted=num_accepted, nonfinite_at=nonfinite_at, rows=rows, mask=mask
+        )
         kept, finish = endings(appended.output_ids, appended.emitted, room, self._eos_h)
         if self.proposer is not None:
             self.proposer.advance(batch, appended.output_ids, appended.emitted)
@@ -382,7 +401,13 @@ class SpeculativeEngine:
         self.stats.observe_drafts(live_sources, drafted, accepted)
 
     def _finish(self, batch: BatchState, live: np.ndarray, report: _StepReport) -> Iterator[GenerationResult]:
-        """Book the step's tokens for rows `live`; yield the results of those that ended."""
+        """Book the step's tokens for rows `live`; yield the results of those that ended, and fail those
+        whose target logits were not finite."""
+        broken = _nonfinite_rows(live, report)
+        if broken.size:
+            yield from self._fail_nonfinite(batch, broken, report)
+            live = np.setdiff1d(live, broken)
+            report.kept[broken] = 0
         now = time.perf_counter()
         batch.keep(live, report.kept, now)  # finished rows keep 0
         output_ids = report.appended.output_ids
@@ -391,3 +416,21 @@ class SpeculativeEngine:
             results = batch.finish(ended, now, self.tokenizer)
             self.stats.num_generated_tokens += sum(result.completion_tokens for result in results)
             yield from results
+
+    def _fail_nonfinite(self, batch: BatchState, broken: np.ndarray, report: _StepReport) -> list[GenerationResult]:
+        """Fail rows `broken`, whose target logits were not finite (broken or overflowing weights): their
+        tokens would be an argmax or a sample of NaN, a completion the target never chose."""
+        # the completion's token (1-based) the first bad logits were to decide
+        at = batch.generated_h[broken] + report.appended.nonfinite_at[broken] + 1
+        errors = {
+            int(row): f"the target model produced non-finite logits (NaN or inf) at token {n} of the completion"
+            for row, n in zip(broken, at, strict=True)
+        }
+        return batch.fail(errors)
+
+
+def _nonfinite_rows(live: np.ndarray, report: _StepReport) -> np.ndarray:
+    """The rows of `live` whose output this step used target logits that were not finite: those deciding
+    the kept tokens, and the EOS a row ended on; logits past where a row ends decide nothing."""
+    decided = report.kept + (report.finish == FINISHED_STOP)  # [rows]
+    return live[report.appended.nonfinite_at[live] < decided[live]]

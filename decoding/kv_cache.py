@@ -179,6 +179,15 @@ class RaggedKVCache(Cache):
                 layer.keys[target, :, :width] = layer.keys[source, :, :width]
                 layer.values[target, :, :width] = layer.values[source, :, :width]
 
+    def zero_rows(self, rows: torch.Tensor) -> None:
+        """Zero every column of `rows` [m] (in place: static buffers keep their address)."""
+        for layer in self.layers:
+            assert isinstance(layer, RaggedLayer)
+            if layer.is_initialized:
+                assert layer.keys is not None and layer.values is not None
+                layer.keys[rows] = 0
+                layer.values[rows] = 0
+
     def resize(self, num_rows: int, capacity: int, keep_rows: torch.Tensor | None = None) -> None:
         for layer in self.layers:
             assert isinstance(layer, RaggedLayer)

@@ -56,6 +56,11 @@ class HeldPrompts:
             if prompt is not None and row not in kept:
                 self._hold(row, None)
 
+    def forget(self, rows: Sequence[int]) -> None:
+        """These rows' columns no longer hold their prompts."""
+        for row in rows:
+            self._hold(row, None)
+
     def resize(self, rows: int, keep: np.ndarray | None) -> None:
         kept = self.prompts if keep is None else [self.prompts[i] for i in keep]
         self.prompts = kept[:rows] + [None] * (rows - len(kept[:rows]))

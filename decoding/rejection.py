@@ -46,7 +46,11 @@ def rejection_sample(
     # is never accepted, not even one its draft gave probability 0 too (0 <= 0 would keep it), and a
     # token of draft probability 0 that the target allows is accepted, as min(1, target / 0) says.
     positions = torch.arange(k + 1, device=draft_token_ids.device)
-    proposed = positions[:k] < num_draft.unsqueeze(1)  # [rows, k]
+    # A draft distribution that is not finite (a broken draft model) proposes nothing from there on:
+    # its token is never accepted, and the residual there is the target's own distribution (as when the
+    # row drafted fewer tokens), so the output still follows the target alone.
+    usable = torch.isfinite(draft_probs.sum(dim=-1))  # [rows, k]
+    proposed = (positions[:k] < num_draft.unsqueeze(1)) & usable  # [rows, k]
     accepted = (accept_uniforms * draft_token_probs < target_token_probs) & proposed  # [rows, k]
     num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [rows]
 
@@ -55,7 +59,9 @@ def rejection_sample(
     at = num_accepted.view(rows, 1, 1).expand(rows, 1, vocab)  # [rows, 1, V]
     target_at = target_probs.gather(1, at).squeeze(1)  # [rows, V]
     padded_draft_probs = torch.nn.functional.pad(draft_probs, (0, 0, 0, 1))  # [rows, k + 1, V]
-    draft_at = padded_draft_probs.gather(1, at).squeeze(1) * (num_accepted < num_draft).unsqueeze(1)  # [rows, V]
+    proposed_at = torch.nn.functional.pad(proposed, (0, 1)).gather(1, num_accepted.unsqueeze(1))  # [rows, 1]
+    # where, not a product: 0 x NaN is NaN
+    draft_at = torch.where(proposed_at, padded_draft_probs.gather(1, at).squeeze(1), 0.0)  # [rows, V]
     residual = (target_at - draft_at).clamp_min_(0.0)  # [rows, V]
     # A zero residual means target == draft there, where a rejection has probability zero; it can only
     # come from rounding, and then the target distribution is the right fallback.

@@ -191,18 +191,34 @@ def sample_from_probs(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     """Inverse-CDF sample of each row of (unnormalised, non-negative) `weights` [..., V] with `uniforms` [...].
 
     Never a token of weight zero, whatever the uniform: the threshold is kept strictly inside
-    (0, total), and the first cumulative weight above it is one that a positive weight raised."""
+    (0, total), and the first cumulative weight above it is one that a positive weight raised.
+    A row that is no distribution (NaN or inf, from a broken model) gets token 0, an id every model
+    reads: a search through NaN lands past the vocabulary, on an id the target may not have."""
     cdf = weights.cumsum(dim=-1)  # [..., V]
     total = cdf[..., -1:]  # [..., 1]
     # u * total rounds up to total for u near 1 (or u == 1 from another source): stay one step below
     below_total = torch.nextafter(total, torch.zeros_like(total))
     threshold = torch.minimum(uniforms.unsqueeze(-1) * total, below_total)  # [..., 1]
-    token = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
-    return token.clamp_(max=weights.shape[-1] - 1)
+    token = torch.searchsorted(cdf, threshold, right=True).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
+    return torch.where(torch.isfinite(total).squeeze(-1), token, 0)
+
+
+def first_nonfinite(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first position whose logits are no distribution, [rows, T, V] -> [rows] int64 (T: none).
+
+    Not finite: a NaN or +inf anywhere, or every logit -inf (the softmax of each is NaN). A position's
+    max is then not finite, so one reduction finds them all; -inf logits beside finite ones (a padded
+    vocabulary) are fine. The first bad position by `cumprod`, without a host sync."""
+    finite = torch.isfinite(logits.amax(dim=-1))  # [rows, T]
+    return finite.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
 
 
 def check_probs(probs: torch.Tensor) -> None:
-    """`strict` mode's check of a distribution [..., V]: non-negative, summing to 1."""
-    total = probs.sum(-1)
+    """`strict` mode's check of a distribution [..., V]: non-negative, summing to 1. Distributions that
+    are not finite are a broken model's, not an engine bug: the engine fails a target's row for them
+    (`first_nonfinite`) and rejects a draft's tokens (decoding/rejection.py), so they are skipped here."""
+    total = probs.sum(-1)  # [...]
+    finite = torch.isfinite(total)  # [...]
+    total = total[finite]
     assert torch.allclose(total, torch.ones_like(total), atol=1e-4), "probabilities do not sum to 1"
-    assert bool((probs >= 0).all()), "negative probability"
+    assert bool((probs[finite] >= 0).all()), "negative probability"
