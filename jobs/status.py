@@ -88,6 +88,9 @@ class JobStatus:
     acceptance_by_proposer: dict[str, ProposerAcceptance]
     target: str
     draft: str | None
+    # --dtype as the job asked it: `auto` is each worker's choice on its own device (bf16 on CUDA; on a
+    # CPU, models/cpu_dtype.py's), which its log states
+    dtype: str
     model_free: str | None
     # `--draft train:N`'s head (worker/trained_draft.py): what was asked, its state (waiting for the first
     # N requests, training, ready, failed, untrained, rejected), what training took or why it failed or
@@ -254,6 +257,7 @@ def _describe(job: Job, spec: _Counters, now: datetime, trained: TrainedDraft | 
         },
         target=job.target,
         draft=job.draft,
+        dtype=settings.dtype or "auto",
         model_free=settings.decoding.model_free,
         draft_training=_draft_training(settings, trained),
         input=job.input_name,

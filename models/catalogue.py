@@ -134,6 +134,12 @@ CATALOGUE: tuple[CatalogueModel, ...] = (
     ),
 )
 
+# The pair `specq demo-models` names and `specq bench` runs when given no models: a code target and the
+# smaller model of its own family (one tokenizer) as its draft. Pulled, not trained: the toy pair that
+# models/demo/ trains took minutes of CPU before the first token.
+DEMO_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEMO_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
 # Whether a catalogue name that is not local is fetched where a model is loaded (`run`, `submit`, `bench`,
 # `draft train`: yes); a worker started with `--no-pull-models` refuses instead (allow_pulls).
 _pulls_allowed = True

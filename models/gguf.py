@@ -68,17 +68,27 @@ def gguf_file(name: str) -> Path | None:
     return found[0] if found else None
 
 
-def resolve(name: str) -> str:
-    """What transformers loads for the model name `name`: the converted folder of a GGUF file
-    (converting it on first use), else `name` unchanged."""
+def resolve(name: str, dtype: str | None = None) -> str:
+    """What transformers loads for the model name `name`: the converted folder of a GGUF file in `dtype`
+    (converting it on first use; None: `converted_folder`'s choice), else `name` unchanged."""
     path = gguf_file(name)
-    return name if path is None else str(converted_folder(path))
+    return name if path is None else str(converted_folder(path, dtype))
 
 
-def converted_folder(path: Path) -> Path:
-    """The dequantized model folder of the GGUF file `path`, converted now unless it already was."""
-    stat = path.stat()
-    folder = data_dir() / CACHE_DIR / f"{_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)}-r{REVISION}"
+# dtypes a file is converted in; fp32's folder keeps the name it had before conversions had a dtype
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def converted_folder(path: Path, dtype: str | None = None) -> Path:
+    """The dequantized model folder of the GGUF file `path` with its weights saved in `dtype` (a torch
+    dtype's name), converted now unless it already was. None, for a caller that reads only the tokenizer
+    or the config (the same in every dtype): a finished conversion in any dtype, else fp32's."""
+    if dtype is None:
+        finished = [folder for folder in (_folder_of(path, each) for each in DTYPES) if _damage(folder) is None]
+        return finished[0] if finished else converted_folder(path, DTYPES[0])
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"cannot convert the GGUF file {str(path)!r} to {dtype}; use one of {', '.join(DTYPES)}")
+    folder = _folder_of(path, dtype)
     if _damage(folder) is None:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +107,7 @@ def converted_folder(path: Path) -> Path:
         _remove_abandoned_work(folder)
         work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
         try:
-            _convert(path, work)
+            _convert(path, work, dtype)
             _record_files(work, path)
             work.chmod(0o755)  # mkdtemp made it private; the finished folder is an ordinary one
             shutil.rmtree(folder, ignore_errors=True)  # damaged, or half-written before this lock existed
@@ -106,6 +116,12 @@ def converted_folder(path: Path) -> Path:
             shutil.rmtree(work, ignore_errors=True)
             raise
     return folder
+
+
+def _folder_of(path: Path, dtype: str) -> Path:
+    stat = path.stat()
+    name = f"{_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)}-r{REVISION}"
+    return data_dir() / CACHE_DIR / (name if dtype == DTYPES[0] else f"{name}-{dtype}")
 
 
 def _lock_file(folder: Path) -> Path:
@@ -240,8 +256,9 @@ def _require_extra(path: Path) -> None:
         raise ModelLoadError(f"loading the GGUF file {str(path)!r} needs {' and '.join(missing)}: {INSTALL_HINT}")
 
 
-def _convert(path: Path, into: Path) -> None:
-    """Dequantize the GGUF file `path` to fp32 and save it with its tokenizer as a model folder `into`."""
+def _convert(path: Path, into: Path, dtype: str) -> None:
+    """Dequantize the GGUF file `path` to `dtype` (a torch dtype's name) and save it with its tokenizer as
+    a model folder `into`: a load in that dtype reads it as saved, not cast from fp32 at every load."""
     _require_extra(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -254,11 +271,12 @@ def _convert(path: Path, into: Path) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         # dequantize: plain dense weights, which the engine's forwards and compiled graphs expect (packed
-        # GGUF blocks need kernels that not every device has); fp32 keeps every dequantized value exact
+        # GGUF blocks need kernels that not every device has); fp32 keeps every dequantized value exact,
+        # bf16 and fp16 hold them as a load in that dtype would cast them
         model = AutoModelForCausalLM.from_pretrained(
             path.parent,
             gguf_file=path.name,
-            dtype=torch.float32,
+            dtype=getattr(torch, dtype),
             quantization_config=GgufConfig(dequantize=True),
         )
         quantizer = getattr(model, "hf_quantizer", None)

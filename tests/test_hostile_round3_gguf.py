@@ -217,7 +217,7 @@ def conversions(monkeypatch) -> list[Path]:
     own code around it (lock, header check, record, cleanup) runs as it is."""
     done: list[Path] = []
 
-    def convert(path: Path, into: Path) -> None:
+    def convert(path: Path, into: Path, dtype: str = "float32") -> None:
         done.append(path)
         (into / "config.json").write_text(json.dumps({"model_type": "llama"}))
         (into / "model.safetensors").write_bytes(np.random.default_rng(0).bytes(9 << 20))
@@ -260,7 +260,7 @@ def test_a_load_error_from_a_converted_folder_names_the_folder(monkeypatch, tmp_
     that reads them differently now): the error says which folder to remove."""
     from specq.models.loading import load_config
 
-    monkeypatch.setattr(gguf, "_convert", lambda path, into: (into / "config.json").write_text("{}"))
+    monkeypatch.setattr(gguf, "_convert", lambda path, into, dtype: (into / "config.json").write_text("{}"))
     source = written_gguf(tmp_path / "model.gguf")
     folder = gguf.converted_folder(source)
     with pytest.raises(ModelLoadError) as caught:
