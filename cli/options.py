@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -62,6 +62,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 Command = Callable[..., None]
 
 
+class InputFile(click.Path):
+    """INPUT.jsonl of `run` and `submit`: an existing file, or `-`. A missing one (or a folder) is bad input, not
+    a misuse of the command line: one `Error:` line, exit 2, without the usage text that would not help."""
+
+    def __init__(self) -> None:
+        super().__init__(exists=True, dir_okay=False, allow_dash=True)
+
+    def fail(self, message: str, param: click.Parameter | None = None, ctx: click.Context | None = None) -> NoReturn:
+        raise UsageLine(click.BadParameter(message, ctx, param).format_message())
+
+
 class Duration(click.ParamType):
     """A span of time as people write it (specq.durations): `90s`, `30m`, `24h`, `7d`, `2w`."""
 
@@ -87,7 +98,7 @@ def float_range(limit: Limit) -> click.FloatRange:
     return click.FloatRange(limit.low, limit.high, min_open=limit.low_open, max_open=limit.high_open)
 
 
-DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 GENERATION_PARAMS = (
     "target",
     "draft",
@@ -181,7 +192,8 @@ _OPTIONS = [
     click.option(
         "--dtype",
         type=click.Choice(DTYPES, case_sensitive=False),
-        help="Model weights' dtype. [default: float32 on CPU, bfloat16 on CUDA]",
+        help="Model weights' dtype; auto: bfloat16 on CUDA, on a CPU bfloat16 where the CPU has native bf16 and "
+        "a one-time measurement shows it faster, else float32. [default: auto]",
     ),
     click.option(
         "--chat-template",
@@ -208,8 +220,9 @@ def _required_target(ctx: click.Context, param: click.Parameter, value: str | No
     # click's own "Missing option '--target'." does not say where a newcomer gets one
     if not value:
         raise click.MissingParameter(
-            'Give a Hugging Face id or a local folder, or set SPECQ_TARGET (`eval "$(specq demo-models)"` '
-            "sets target=... and draft=... to a small demo pair)",
+            "Give a catalogue name (`specq models`), a Hugging Face id or a local folder, or set SPECQ_TARGET "
+            '(`eval "$(specq demo-models)"` '
+            "pulls the catalogue's Qwen2.5-Coder pair and sets target=... and draft=... to it)",
             ctx=ctx,
             param=param,
         )
@@ -241,7 +254,7 @@ class GenerationOptions:
     decoding: DecodingConfig
     sampling: dict[str, Any]  # the job-wide SamplingParams fields given (max_tokens, temperature, ...)
     device: str | None  # None: cuda:0 if available, else cpu
-    dtype: str | None  # None: float32 on CPU, bfloat16 on CUDA
+    dtype: str | None  # None: auto (models.loading.model_dtype)
     chat_template: str | None  # the text of --chat-template; None: the tokenizer's own
     served_model_name: str | None  # the `model` of OpenAI-format output; None: the line's, else the target's
     compile: str  # auto, on or off (decoding.compiled)
@@ -286,6 +299,7 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--draft'") from None
     draft, model_free = _proposers(None if training else values["draft"] or None, values["model_free"])
+    check_model_names(values["target"], draft)
     if model_free is not None:
         decoding["model_free"] = model_free
     try:
@@ -301,12 +315,23 @@ def _resolve_generation(values: dict[str, Any]) -> GenerationOptions:
         decoding=config,
         sampling={k: values[k] for k in SAMPLING_KEYS if values.get(k) is not None},  # no flag sets `stop`
         device=values["device"] or None,
-        dtype=values["dtype"].lower() if values["dtype"] else None,
+        dtype=values["dtype"].lower() if values["dtype"] and values["dtype"].lower() != "auto" else None,
         chat_template=chat_template,
         served_model_name=values["served_model_name"] or None,
         compile=values["compile"],
         draft_training=training,
     )
+
+
+def check_model_names(target: str, draft: str | None) -> None:
+    """The model names checked before torch or transformers are imported (models/precheck.py): a typo, a
+    missing path or an incomplete folder is one line in a second, not after the heavy imports."""
+    from specq.models.precheck import check_model_name
+
+    with specq_errors():
+        check_model_name(target, "--target")
+        if draft is not None:
+            check_model_name(draft, "--draft")
 
 
 def _proposers(draft: str | None, model_free: str | None) -> tuple[str | None, str | None]:
@@ -428,8 +453,8 @@ def specq_errors() -> Iterator[None]:
         raise BadInput(exc.problems) from None
     except (OutputPathError, ConfigError, JobActiveError) as exc:
         raise UsageLine(mask_text(str(exc))) from None
-    except (ModelLoadError, JobNotFoundError) as exc:
-        raise click.UsageError(mask_text(str(exc))) from None
+    except (ModelLoadError, JobNotFoundError) as exc:  # about a value, not the command line: no usage text
+        raise UsageLine(mask_text(str(exc))) from None
     except WorkerUnusableError as exc:
         raise WorkerExit(mask_text(str(exc)), exc.exit_code) from None
     except SpecqError as exc:  # services down among them: a library's reason may quote a URL

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from specq.cli.group import cli
-from specq.cli.options import GenerationOptions, generation_options, input_limit_options, specq_errors
+from specq.cli.options import GenerationOptions, InputFile, generation_options, input_limit_options, specq_errors
 from specq.cli.progress import ProgressBar, acceptance_summary, counted
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @cli.command("run")
-@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.argument("input_path", metavar="INPUT.jsonl", type=InputFile())
 @click.option(
     "-o",
     "--output",

@@ -14,6 +14,7 @@ from specq.cli.group import cli
 from specq.cli.options import (
     Duration,
     GenerationOptions,
+    InputFile,
     broker_option,
     database_option,
     generation_options,
@@ -67,7 +68,7 @@ def _window(value: str | None, param: click.Parameter, ctx: click.Context) -> tu
 
 
 @cli.command("submit")
-@click.argument("input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.argument("input_path", metavar="INPUT.jsonl", type=InputFile())
 @generation_options
 @click.option(
     "--wait",

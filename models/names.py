@@ -20,7 +20,7 @@ def resolve(name: str) -> str:
         return name
     model = catalogue.find(name)
     if model is None:
-        _refuse_typo(name)
+        refuse_typo(name)
         return name
     if model.is_local():
         return str(model.path)
@@ -39,7 +39,8 @@ def _exists(name: str) -> bool:
         return False
 
 
-def _refuse_typo(name: str) -> None:
+def refuse_typo(name: str) -> None:
+    """ModelLoadError, one line, for a bare word so close to a catalogue name that it is a typo of it."""
     if "/" in name or not name.strip():
         return  # OWNER/NAME: a Hugging Face id, never a catalogue name
     near = catalogue.closest(name, catalogue.TYPO_CUTOFF)
