@@ -346,7 +346,7 @@ def run_draft_axis_benchmark(
     progress: Callable[[str], None] = lambda message: None,
     **settings: Any,
 ) -> dict[str, Any]:
-    """The draft axis as `specq bench --workloads` runs it: load the pair (None, None: the demo pair),
+    """The draft axis as `specq bench --workloads` runs it: load the pair (None, None: runner.default_pair),
     run `run_draft_axis`, and return its results with the command, date, machine and models."""
     import os
     from datetime import UTC, datetime
@@ -355,7 +355,7 @@ def run_draft_axis_benchmark(
 
     started = time.perf_counter()
     pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress, compile)
-    machine = machine_info(device, dtype)
+    machine = machine_info(device, pair.dtype)  # what ran: `auto` chooses per machine and model
     results = run_draft_axis(
         pair.target, pair.draft, pair.tokenizer, workloads, drafts, batch_sizes, progress=progress, **settings
     )

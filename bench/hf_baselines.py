@@ -113,11 +113,13 @@ def batched_generate(
     a batch ends when its slowest row does)."""
     import torch
 
+    from specq.decoding.packed_linear import plain_linears  # stock PyTorch linears: transformers as it runs
+
     device = next(model.parameters()).device
     pad = config.pad_token_id
     outputs: dict[int, list[int]] = {}
     started = time.perf_counter()
-    with torch.inference_mode(), _ForwardClock(model) as clock:
+    with torch.inference_mode(), plain_linears(), _ForwardClock(model) as clock:
         for start in range(0, len(prompts), batch_size):
             clock.next_call()
             chunk = prompts[start : start + batch_size]
@@ -169,10 +171,12 @@ def _generate_one_at_a_time(
     naming the mode's own keyword (`assistant_model=`, `prompt_lookup_num_tokens=`)."""
     import torch
 
+    from specq.decoding.packed_linear import plain_linears  # stock PyTorch linears: transformers as it runs
+
     device = next(model.parameters()).device
     outputs: dict[int, list[int]] = {}
     started = time.perf_counter()
-    with torch.inference_mode(), _quiet_transformers(), _ForwardClock(model) as clock:
+    with torch.inference_mode(), plain_linears(), _quiet_transformers(), _ForwardClock(model) as clock:
         for i, prompt in enumerate(prompts):
             clock.next_call()
             input_ids = torch.tensor([list(prompt)], device=device)  # [1, prompt]

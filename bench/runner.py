@@ -519,6 +519,14 @@ def run_bench(
     }
 
 
+def default_pair() -> tuple[str, str]:
+    """(target, draft): the catalogue names `specq bench` runs when given neither, as `specq demo-models`
+    prints them."""
+    from specq.models.catalogue import DEMO_DRAFT, DEMO_TARGET
+
+    return DEMO_TARGET, DEMO_DRAFT
+
+
 def load_bench_pair(
     target: str | None,
     draft: str | None,
@@ -528,9 +536,9 @@ def load_bench_pair(
     progress: Callable[[str], None],
     compile: str = "off",
 ) -> tuple[Any, str, str, str | None]:
-    """(pair, device, target, draft) for a benchmark: target None means the demo pair (built on first
-    use), a target without a draft the target alone; `device` None: cuda if available, else cpu;
-    `threads`: torch's intra-op threads. A pair that cannot be loaded raises SpecqError."""
+    """(pair, device, target, draft) for a benchmark: target None means the catalogue's demo pair
+    (`default_pair`, pulled on first use), a target without a draft the target alone; `device` None: cuda
+    if available, else cpu; `threads`: torch's intra-op threads. A pair that cannot be loaded raises SpecqError."""
     from specq.errors import SpecqError
     from specq.models.loading import load_pair
 
@@ -539,11 +547,8 @@ def load_bench_pair(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if target is None:
-            from specq.models.demo import build_demo_models
-
-            progress("using the demo pair (building it on first use takes a few minutes)")
-            demo = build_demo_models()
-            target, draft = str(demo.target_dir), str(demo.draft_dir)
+            target, draft = default_pair()
+            progress(f"using the demo pair: {target} and draft {draft} (pulled on first use)")
         pair = load_pair(target, draft, device, dtype, compile)
     except ValueError as exc:
         raise SpecqError(str(exc)) from exc
@@ -565,8 +570,8 @@ def run_benchmark(
     command: str | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
-    """The benchmark as `specq bench` runs it: load the pair (target and draft None: the demo pair, built
-    on first use), run `run_bench` on the held-out prompts, and return its results with what they were
+    """The benchmark as `specq bench` runs it: load the pair (target and draft None: `default_pair`,
+    pulled on first use), run `run_bench` on the held-out prompts, and return its results with what they were
     measured on (`command`, date, machine, models, settings, prompts) and the models' roofline, ready
     for report.py.
 
@@ -585,7 +590,7 @@ def run_benchmark(
         f"K {settings.num_speculative_tokens}, batch sizes {','.join(map(str, settings.batch_sizes))}, {device}, "
         f"{torch.get_num_threads()} torch threads"
     )
-    machine = machine_info(device, dtype)
+    machine = machine_info(device, pair.dtype)  # what ran: `auto` chooses per machine and model
     results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, settings, progress=progress)
     bandwidth, roofline = measure_pair_roofline(pair, progress, max_width=settings.num_speculative_tokens + 1)
     return {

@@ -9,7 +9,7 @@
 Each run gets a throwaway PostgreSQL database (created on `--pg-admin-url`, dropped at the end) and
 Redis database `--redis-url` (flushed before and after), real `specq worker` processes on the CPU, and
 greedy requests of 2 to 4 tokens on the tiny model pair of the tests (tests/tiny_models.py `save_tiny_pair`,
-built here in seconds) or `--models demo` (the demo pair, `specq demo-models`). It prints a Markdown
+built here in seconds) or `--models demo` (the trained toy pair, models/demo/: minutes to build). It prints a Markdown
 section on stdout; progress goes to stderr. The services, workers and waits are the tests' own helpers
 (tests/services.py, tests/fleet_helpers.py); what is timed (`specq submit`, `specq run`) runs as a user
 runs it, in its own process.

@@ -47,12 +47,14 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
 @click.option(
     "--target",
     envvar="SPECQ_TARGET",
-    help="Target model (HF id, folder or GGUF file). [env: SPECQ_TARGET; default: the demo pair]",
+    help="Target model (catalogue name, HF id, folder or GGUF file). [env: SPECQ_TARGET; default: "
+    "qwen2.5-coder-1.5b-instruct, pulled on first use]",
 )
 @click.option(
     "--draft",
     envvar="SPECQ_DRAFT",
-    help="Draft model (HF id, folder or GGUF file). [env: SPECQ_DRAFT; default: the demo pair's; with --workloads "
+    help="Draft model (catalogue name, HF id, folder or GGUF file). [env: SPECQ_DRAFT; default: "
+    "qwen2.5-coder-0.5b-instruct with the default target; with --workloads "
     "and a --target, none (the draft model's contenders are left out)]",
 )
 @click.option(
@@ -84,7 +86,9 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[click.Context, click.Paramet
     help="Sampling temperature; 0 is greedy, where all outputs are checked to be identical.",
 )
 @click.option("--device", help="Torch device, e.g. cpu or cuda:0. Default: cuda if available, else cpu.")
-@click.option("--dtype", help="float32, bfloat16 or float16. Default: float32 on CPU, bfloat16 on CUDA.")
+@click.option(
+    "--dtype", help="auto, float32, bfloat16 or float16, as `run` takes it. Default: auto (the results say which ran)."
+)
 @click.option("--threads", type=click.IntRange(min=1), help="Torch intra-op threads. Default: torch's own choice.")
 @click.option(
     "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed passes before each timed one."
@@ -172,7 +176,7 @@ def bench(
     each model's batch-1 forward time over its memory-bandwidth floor.
     """
     if target is None and draft is not None:
-        raise click.UsageError("--draft needs --target (neither: the demo pair)")
+        raise click.UsageError("--draft needs --target (neither: the catalogue's demo pair, as `specq demo-models`)")
     if target is not None and draft is None and not workloads:
         raise click.UsageError("the comparison with HF needs --draft too; --workloads takes a target alone")
     if drop_loops and not workloads:

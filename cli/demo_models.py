@@ -1,50 +1,38 @@
-"""`specq demo-models [DIR]`: build (or find) the offline demo draft/target pair."""
+"""`specq demo-models`: name (and pull) the catalogue's demo pair, for `eval`."""
 
 from __future__ import annotations
-
-import logging
-from pathlib import Path
 
 import click
 
 from specq.cli.group import cli
-from specq.errors import SpecqError
+from specq.cli.options import specq_errors
 
 
 @cli.command("demo-models")
-@click.argument("directory", required=False, type=click.Path(file_okay=False, writable=True, path_type=Path))
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the whole build.")
-@click.option("--force", is_flag=True, help="Rebuild even if a finished build is already there.")
-def demo_models(directory: Path | None, seed: int, force: bool) -> None:
-    """Build the demo target and draft models from the Python standard library's sources, on CPU, in
-    a few minutes; a finished build is reused. DIR defaults to specq's data directory.
+@click.option(
+    "--pull/--no-pull",
+    default=True,
+    show_default=True,
+    help="Fetch and convert the pair now (progress on stderr), so that the next command starts decoding at once.",
+)
+def demo_models(pull: bool) -> None:
+    """Print `target=NAME` and `draft=NAME` on stdout, for `eval`: the catalogue's Qwen2.5-Coder pair
+    (`specq models` lists the catalogue). Nothing is trained; a pulled model is reused."""
+    from specq.models.catalogue import DEMO_DRAFT, DEMO_TARGET
 
-    Prints `target=DIR` and `draft=DIR` on stdout, for `eval`.
-    """
-    # Progress goes to stderr even without -v; -vv still shows debug lines.
-    models_logger = logging.getLogger("specq.models")
-    handler = logging.StreamHandler()  # stderr
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    previous = (models_logger.level, models_logger.propagate)
-    models_logger.setLevel(min(logging.INFO, logging.getLogger().getEffectiveLevel()))
-    models_logger.propagate = False
-    models_logger.addHandler(handler)
-    try:
-        from specq.models.demo import build_demo_models
+    if pull:
+        pull_pair(DEMO_TARGET, DEMO_DRAFT)
+    click.echo(f"target={DEMO_TARGET}")
+    click.echo(f"draft={DEMO_DRAFT}")
 
-        demo = build_demo_models(directory, seed=seed, force=force)
-    except (OSError, SpecqError) as exc:
-        raise click.ClickException(f"cannot build the demo models: {exc}") from None
-    finally:
-        models_logger.removeHandler(handler)
-        models_logger.setLevel(previous[0])
-        models_logger.propagate = previous[1]
-    report = demo.report
-    click.echo(
-        f"acceptance {report['acceptance_rate']:.3f}, decode forward target {report['t_target_ms']:.2f} ms, "
-        f"draft {report['t_draft_ms']:.2f} ms (c {report['cost_ratio']:.3f}), "
-        f"speedup bound at K=4 {report['speedup_bound_k4']:.2f}",
-        err=True,
-    )
-    click.echo(f"target={demo.target_dir}")
-    click.echo(f"draft={demo.draft_dir}")
+
+def pull_pair(*names: str) -> None:
+    """`specq models pull NAMES`, its progress lines on stderr: stdout stays the two lines `eval` reads."""
+    from specq.models import pull
+    from specq.models.catalogue import find
+
+    with specq_errors():
+        for name in names:
+            model = find(name)
+            assert model is not None, name  # the demo names are catalogue names (tests/test_demo_pair_names.py)
+            pull.pull(model, progress=lambda line: click.echo(line, err=True))

@@ -1,8 +1,10 @@
 """Shared test fixtures.
 
-The demo model pair is built once per machine into specq's data directory (a few CPU minutes the first
-time, then read from the cache). Session-scoped fixtures are set up before the function-scoped
-`_specq_isolated_env`, so that build lands in the user's data dir (or $SPECQ_HOME), not a test tmp dir.
+Nothing here trains a model: tests that decode use `tiny_pair` (random weights, built in seconds) or the
+real catalogue models. The trained toy pair of models/demo/ (`demo_pair`) is built only where
+SPECQ_TEST_TOY_PAIR=1 asks for it (minutes of CPU, 41 on a loaded machine); its few tests say why they
+need it. Session-scoped fixtures are set up before the function-scoped `_specq_isolated_env`, so that
+build lands in the user's data dir (or $SPECQ_HOME), not a test tmp dir.
 
 Storage and queue fixtures use the real services: a throwaway PostgreSQL database per test session
 (specq_test_<pid>, dropped at the end), Redis database 15 flushed around each test, real `specq worker`
@@ -31,7 +33,10 @@ from tests.services import (
 
 @pytest.fixture(scope="session")
 def demo_pair():
-    """models.demo.DemoModels: target_dir, draft_dir and the build's report."""
+    """models.demo.DemoModels: target_dir, draft_dir and the build's report; skipped unless
+    SPECQ_TEST_TOY_PAIR=1, since building it costs minutes before the first test."""
+    if os.environ.get("SPECQ_TEST_TOY_PAIR") != "1":
+        pytest.skip("the trained toy pair is opt-in: SPECQ_TEST_TOY_PAIR=1 builds it (minutes of CPU)")
     from specq.models.demo import build_demo_models
 
     return build_demo_models()

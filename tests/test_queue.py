@@ -256,10 +256,10 @@ def test_cancel_while_running(env, tiny_pair, tmp_path) -> None:
     assert set(statuses) == {"completed", "cancelled"}
 
 
-@pytest.mark.slow  # builds the demo pair on first use (minutes), then reads it from the cache
-def test_demo_pair_through_the_queue(env, demo_pair, tmp_path) -> None:
-    """The real demo pair through the queue: greedy outputs are the target's own, draft counters stored."""
-    target, draft = str(demo_pair.target_dir), str(demo_pair.draft_dir)
+def test_a_draft_model_pair_through_the_queue(env, tiny_pair, tmp_path) -> None:
+    """A target and a draft model (tiny_pair: built in seconds) through the queue: greedy outputs are the
+    target's own, draft counters stored."""
+    target, draft = tiny_pair
     prompts = ["def read_file(path):\n", "class Stack:\n    def push(self, item):\n", "import os\n\ndef main():\n"]
     lines = [{"id": f"d{i}", "prompt": p, "max_tokens": 24, "temperature": 0} for i, p in enumerate(prompts)]
     job_id, result = submit(env, tmp_path, lines, "--target", target, "--draft", draft, "--fixed-k", "--wait")
@@ -267,7 +267,7 @@ def test_demo_pair_through_the_queue(env, demo_pair, tmp_path) -> None:
     info = job_status(env, job_id)
     assert info["completed"] == len(lines) and info["num_draft_tokens"] > 0, info
     assert 0.0 <= info["acceptance_rate"] <= 1.0
-    out = tmp_path / "demo.jsonl"
+    out = tmp_path / "pair.jsonl"
     assert invoke(["export", job_id, "-o", str(out)], env).exit_code == 0
     expected = reference_greedy(target, lines)
     for record in map(json.loads, out.read_text(encoding="utf-8").splitlines()):

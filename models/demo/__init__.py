@@ -1,4 +1,9 @@
-"""A real draft/target pair built offline in a few CPU minutes, for tests, demos and the benchmark.
+"""The toy draft/target pair, trained offline in minutes of CPU (41 on a loaded machine): opt-in only.
+
+Nothing trains it unless asked: `specq demo-models`, `specq bench` and scripts/demo use the catalogue's
+Qwen2.5-Coder pair, and the tests tiny random pairs built in seconds. It stays for benchmarks/, whose
+scripts reproduce the benchmark log's measurements made on it, and for its own tests (with
+SPECQ_TEST_TOY_PAIR=1). `corpus` is separate from training: `specq bench` takes its held-out prompts.
 
 Both models are small Llamas trained from scratch on the Python standard library's own sources, with a
 byte-level BPE tokenizer trained on the same text. The result behaves like a model family trained on
