@@ -42,23 +42,56 @@ def resolve_device(device: str | None) -> str:
     return device or ("cuda:0" if torch.cuda.is_available() else "cpu")
 
 
+AUTO = "auto"  # --dtype auto (or none given): bf16 on CUDA; on a CPU, models/cpu_dtype.py's choice per model
+
+
 def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
-    """The torch dtype for a --dtype spelling; None means fp32 on CPU and bf16 on CUDA."""
+    """The torch dtype for a --dtype spelling; `auto` (or None) means bf16 on CUDA and fp32 elsewhere,
+    before a model is known: `load_model` asks models/cpu_dtype.py for a CPU's choice for its model."""
     import torch
 
-    if dtype is None:
+    if dtype is None or dtype.lower() == AUTO:
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     name = _DTYPE_NAMES.get(dtype.lower())
     if name is None:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPE_NAMES)}")
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {', '.join([AUTO, *_DTYPE_NAMES])}")
     return getattr(torch, name)
 
 
-def model_folder(name_or_path: str) -> str:
+def conversion_dtype(dtype: str | None, device: str) -> str | None:
+    """The dtype (a torch dtype's name) a GGUF file is converted in for a load in `dtype` on `device`, where
+    it is known before the model's config is read: a tokenizer or config read from the conversion the
+    weights will load from converts the file once, not once more in fp32; None for `auto` on a CPU."""
+    if (dtype is None or dtype.lower() == AUTO) and str(device) == "cpu":
+        return None
+    return str(resolve_dtype(dtype, device)).removeprefix("torch.")
+
+
+def model_dtype(name_or_path: str, config: Any, device: str, dtype: str | None) -> torch.dtype:
+    """The dtype a model loads in: --dtype's; with `auto` (or None) on a CPU, bf16 where the CPU has native
+    bf16 and a one-time measurement of this model shows it faster, else fp32 (models/cpu_dtype.py)."""
+    import torch
+
+    from specq.models import cpu_dtype
+
+    if (dtype is not None and dtype.lower() != AUTO) or str(device) != "cpu":
+        return resolve_dtype(dtype, device)
+
+    def measure() -> Any:
+        logger.info("--dtype auto: measuring %s in bf16 against fp32 on this CPU (once)", name_or_path)
+        return cpu_dtype.measure_bf16_speedup(_read_weights(name_or_path, config, torch.float32))
+
+    choice = cpu_dtype.choose(config, measure)
+    logger.info("--dtype auto on cpu: %s for %s (%s)", choice.dtype, name_or_path, choice.why)
+    return cast("torch.dtype", getattr(torch, choice.dtype))
+
+
+def model_folder(name_or_path: str, dtype: str | None = None) -> str:
     """What transformers loads for a model name, for `run`, `submit`, the workers, `bench` and `draft train`
     alike: a catalogue name's GGUF file (fetched first where it is not local, models/names.py), and any
-    GGUF file, as its converted folder (converted on first use, models/gguf.py); else the name unchanged."""
-    return gguf.resolve(names.resolve(name_or_path))
+    GGUF file, as its converted folder in `dtype` (a torch dtype's name; None: any there is, models/gguf.py;
+    converted on first use); else the name unchanged."""
+    return gguf.resolve(names.resolve(name_or_path), dtype)
 
 
 def check_location(name_or_path: str) -> None:
@@ -79,12 +112,12 @@ def check_location(name_or_path: str) -> None:
         ) from None
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of a Hugging Face id, a local folder or a GGUF file; ModelLoadError if it cannot be
-    loaded."""
+def load_tokenizer(name_or_path: str, converted: str | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of a Hugging Face id, a local folder or a GGUF file (read from its conversion in
+    `converted`, models/gguf.py); ModelLoadError if it cannot be loaded."""
     from transformers import AutoTokenizer
 
-    folder = model_folder(name_or_path)  # first: a missing .gguf file is named as one
+    folder = model_folder(name_or_path, converted)  # first: a missing .gguf file is named as one
     check_location(name_or_path)
     logger.info("loading tokenizer %s", name_or_path)
     try:
@@ -95,12 +128,12 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         raise ModelLoadError(f"cannot load the tokenizer of {where} ({reason(exc)})") from exc
 
 
-def load_config(name_or_path: str) -> Any:
-    """The model config of a Hugging Face id, a local folder or a GGUF file; ModelLoadError if it cannot
-    be loaded."""
+def load_config(name_or_path: str, converted: str | None = None) -> Any:
+    """The model config of a Hugging Face id, a local folder or a GGUF file (read from its conversion in
+    `converted`); ModelLoadError if it cannot be loaded."""
     from transformers import AutoConfig
 
-    folder = model_folder(name_or_path)
+    folder = model_folder(name_or_path, converted)
     check_location(name_or_path)
     try:
         return AutoConfig.from_pretrained(folder)
@@ -117,33 +150,43 @@ def check_supported(name_or_path: str, config: Any) -> None:
 
 
 def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None) -> PreTrainedModel:
-    """A causal LM in eval mode on `device`, with SDPA attention where its family supports it, else
-    eager; ModelLoadError if it cannot be loaded or its family is not supported (models/families.py)."""
+    """A causal LM in eval mode on `device`, in `dtype` (`model_dtype`), with SDPA attention where its
+    family supports it, else eager; ModelLoadError if it cannot be loaded or its family is not supported
+    (models/families.py)."""
+    config = load_config(name_or_path, conversion_dtype(dtype, device))
+    check_supported(name_or_path, config)
+    torch_dtype = model_dtype(name_or_path, config, device, dtype)
+    logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
+    model: Any = _read_weights(name_or_path, config, torch_dtype)
+    try:
+        model = model.to(device)
+    except Exception as exc:
+        where = gguf.described(name_or_path, model_folder(name_or_path, str(torch_dtype).removeprefix("torch.")))
+        raise ModelLoadError(f"cannot load the model {where} ({reason(exc)})") from exc
+    return cast("PreTrainedModel", model.eval())
+
+
+def _read_weights(name_or_path: str, config: Any, torch_dtype: torch.dtype) -> Any:
+    """The model's weights in `torch_dtype`, on the CPU; a GGUF file's from its conversion in that dtype."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    config = load_config(name_or_path)
-    check_supported(name_or_path, config)
-    folder = model_folder(name_or_path)
-    torch_dtype = resolve_dtype(dtype, device)
-    logger.info("loading model %s on %s as %s", name_or_path, device, torch_dtype)
+    folder = model_folder(name_or_path, str(torch_dtype).removeprefix("torch."))
     # transformers' own per-tensor bar would interleave with specq's progress bar on stderr
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
         # transformers 5 takes `dtype=`; `torch_dtype=` is deprecated there.
         # Any: mypy cannot follow the decorator transformers wraps `to` in.
-        model: Any = AutoModelForCausalLM.from_pretrained(
+        return AutoModelForCausalLM.from_pretrained(
             folder, dtype=torch_dtype, attn_implementation=attention_implementation(config)
         )
-        model = model.to(device)
     except Exception as exc:
         where = gguf.described(name_or_path, folder)
         raise ModelLoadError(f"cannot load the model {where} ({reason(exc)})") from exc
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
-    return model.eval()
 
 
 @dataclass
@@ -161,6 +204,11 @@ class ModelPair:
     # role -> the forwards its load compiled and checked (decoding.compiled.FirstForwards), which a later
     # measurement of its speedup times
     first_forwards: dict[str, FirstForwards] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the target runs in (`--dtype auto`'s choice where it chose), as torch names it."""
+        return str(next(self.target.parameters()).dtype).removeprefix("torch.")
 
     def measure_compiled_speedups(self) -> str | None:
         """Measure each compiled model's decode step against eager where this machine keeps no measurement
@@ -257,7 +305,7 @@ def target_shape(config: Any) -> tuple[int, int]:
     return int(text.hidden_size), int(text.vocab_size)
 
 
-def check_pair(target: str, draft: str | None) -> PreTrainedTokenizerBase:
+def check_pair(target: str, draft: str | None, converted: str | None = None) -> PreTrainedTokenizerBase:
     """Everything a load of the pair checks before any model weights are read, for `run`, `submit` and
     the workers alike: the target's tokenizer (returned) and config, the family's support, the draft's
     vocabulary, and a draft head (a folder `specq draft train --proposer head` wrote, decoding/draft_head.py)
@@ -265,20 +313,30 @@ def check_pair(target: str, draft: str | None) -> PreTrainedTokenizerBase:
     one line."""
     from specq.decoding.draft_head import is_head_folder, read_head
 
-    tokenizer = load_tokenizer(target)
-    target_config = load_config(target)
+    tokenizer = load_tokenizer(target, converted)
+    target_config = load_config(target, converted)
     check_supported(target, target_config)
     if draft is None:
         return tokenizer
-    check_same_vocab(tokenizer, load_tokenizer(draft), target, draft)
+    check_same_vocab(tokenizer, load_tokenizer(draft, converted), target, draft)
     if not is_head_folder(draft):
-        check_supported(draft, load_config(draft))
+        check_supported(draft, load_config(draft, converted))
         return tokenizer
     try:
         read_head(draft, *target_shape(target_config))
     except ValueError as exc:
         raise ModelLoadError(f"cannot load the draft {draft!r}: {exc}") from None
     return tokenizer
+
+
+def pack_for_verifies(model: Any) -> None:
+    """The model's linear layers packed for multi-token forwards where that pays (decoding/packed_linear.py:
+    fp32 on a CPU, where a verify of K + 1 tokens then costs about one and a half steps, not four)."""
+    from specq.decoding.packed_linear import can_pack, pack_linears
+
+    parameter = next(model.parameters())
+    if can_pack(parameter.device, parameter.dtype):
+        logger.info("packed %d linear layers for multi-token forwards", pack_linears(model))
 
 
 def load_pair(
@@ -306,10 +364,14 @@ def load_pair(
     from specq.decoding.draft_head import is_head_folder, load_head
     from specq.decoding.hf_model import HiddenTap
 
-    tokenizer = check_pair(target, draft)
+    tokenizer = check_pair(target, draft, conversion_dtype(dtype, device))
     # a draft head (`specq draft train --proposer head`) is a folder of its own kind, loaded onto the target
     head = draft is not None and is_head_folder(draft)
     target_model = load_model(target, device, dtype)
+    # before a head or the tap hooks the target's layers: the packed ones are the ones they see
+    pack = compile != "on"  # compiled graphs take plain linears; `auto` compiles on a CPU only where measured
+    if pack:
+        pack_for_verifies(target_model)
     draft_model: Any = None
     if head:
         assert draft is not None
@@ -319,6 +381,8 @@ def load_pair(
             raise ModelLoadError(f"cannot load the draft {draft!r}: {exc}") from None
     elif draft is not None:
         draft_model = load_model(draft, device, dtype)
+        if pack:
+            pack_for_verifies(draft_model)
     for name, model in ((target, target_model), (None if head else draft, draft_model)):
         if name is not None and model is not None and model.config.vocab_size < len(tokenizer):
             raise ModelLoadError(
