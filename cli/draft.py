@@ -180,7 +180,7 @@ def draft() -> None:
 @click.option(
     "--dtype",
     type=click.Choice(DTYPES, case_sensitive=False),
-    help="The target's dtype. [default: float32 on CPU, bfloat16 on CUDA; the draft trains in float32]",
+    help="The target's dtype, as `run` takes it. [default: auto; the draft trains in float32]",
 )
 @click.option(
     "--chat-template",
