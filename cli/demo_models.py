@@ -28,11 +28,11 @@ def demo_models(pull: bool) -> None:
 
 def pull_pair(*names: str) -> None:
     """`specq models pull NAMES`, its progress lines on stderr: stdout stays the two lines `eval` reads."""
-    from specq.models import pull
+    from specq.cli.models import pull_saying
     from specq.models.catalogue import find
 
     with specq_errors():
         for name in names:
             model = find(name)
             assert model is not None, name  # the demo names are catalogue names (tests/test_demo_pair_names.py)
-            pull.pull(model, progress=lambda line: click.echo(line, err=True))
+            pull_saying(model)

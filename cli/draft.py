@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from specq.cli.options import (
 )
 from specq.cli.progress import PLAIN_EVERY_S, ProgressBar
 from specq.limits import BATCH_SIZE, BENCH_SPECULATIVE_TOKENS, MAX_TOKENS, SEED, TEMPERATURE, TOP_K, TOP_P
+from specq.speaking import Speaker
 
 if TYPE_CHECKING:
     from specq.budget import Budget
@@ -307,10 +309,11 @@ def train(
             )
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-        shown = _Shown(progress)
+        shown = _Shown(progress, Speaker(lambda line: click.echo(line, err=True)))
         started = time.perf_counter()
         try:
-            outcome = train_draft(settings, output_dir, shown, overwrite=overwrite, limits=input_limits)
+            with shown.watched():
+                outcome = train_draft(settings, output_dir, shown, overwrite=overwrite, limits=input_limits)
         except (TrainingInterrupted, KeyboardInterrupt) as exc:
             shown.close()
             what = str(exc) if isinstance(exc, TrainingInterrupted) else "interrupted"
@@ -335,21 +338,33 @@ def train(
 
 class _Shown:
     """The command's progress on stderr: a bar for the target's decoding, one for training (tokens or
-    seconds of the budget, with ETA and loss), and lines for the rest."""
+    seconds of the budget, with ETA and loss), and lines for the rest. Where none of them came for a while
+    (a model's load, a compile, a slow warm-up step), `watched` says what the command is still busy with."""
 
-    def __init__(self, show: bool) -> None:
+    def __init__(self, show: bool, speaker: Speaker) -> None:
         self.show = show
+        self.speaker = speaker
         self.count_bar: ProgressBar | None = None
         self.count_started = 0.0
         self.train_bar: Any = None
         self._last_line = time.monotonic()
+        self._phase, self._phase_started = "reading the data and loading the target", speaker.clock()
+
+    def watched(self) -> AbstractContextManager[None]:
+        """The block under the speaker's watch: never silent for more than its `every_s` (with --progress)."""
+        return self.speaker.watching(self.busy) if self.show else nullcontext()
+
+    def busy(self) -> str:
+        """The watcher's line: what the last line said is under way, and for how long."""
+        return f"busy ({self.speaker.clock() - self._phase_started:.0f}s since: {self._phase})"
 
     def say(self, message: str) -> None:
         self.close()  # a phase's bar ends where the next phase's first line comes
-        click.echo(message, err=True)
+        self.speaker.say(message)
+        self._phase, self._phase_started = message, self.speaker.clock()
 
     def decoding(self, done: int, total: int, stats: EngineStats) -> None:
-        self._count("target decodes", done, total, stats.num_generated_tokens, 0.0)
+        self._count("target decodes", done, total, stats.num_generated_tokens, None)  # target alone: no rate
 
     def reading(self, done: int, total: int, tokens: int) -> None:
         self._count("target reads hidden states", done, total, tokens, None)
@@ -360,7 +375,8 @@ class _Shown:
             self.count_bar = ProgressBar(label, total, self.show).__enter__()
             self.count_started = time.perf_counter()
         elapsed = max(time.perf_counter() - self.count_started, 1e-9)
-        self.count_bar.update(done, tokens / elapsed, acceptance)
+        if self.count_bar.update(done, tokens / elapsed, acceptance) or not self.count_bar.plain:
+            self.speaker.spoke()  # a plain line, or a live bar that just moved
         if done == total:
             self.count_bar.__exit__()
             self.count_bar = None
@@ -377,12 +393,15 @@ class _Shown:
             self.plain = self.show and not self.train_bar.console.is_terminal
             self.train_bar.__enter__()
         self.train_bar.update(self.train_task, completed=min(done, total), loss=state.loss, step=state.step)
+        if not self.plain:
+            self.speaker.spoke()  # the live bar just moved
         now = time.monotonic()
         if self.plain and now - self._last_line >= PLAIN_EVERY_S:
             self._last_line = now
             share = f"{state.fraction(budget):.0%} of {budget.describe()}"
             sys.stderr.write(f"training: step {state.step}, {share}, loss {state.loss:.4f}\n")
             sys.stderr.flush()
+            self.speaker.spoke()
 
     def close(self) -> None:
         if self.count_bar is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -30,6 +30,31 @@ def summary(status: JobStatus) -> None:
         + acceptance_summary(status.num_draft_tokens, status.acceptance_rate, status.mean_acceptance_length),
         err=True,
     )
+
+
+def stopped_following(job_id: str) -> NoReturn:
+    """Ctrl-C while following a job that workers run: this process leaves, the job does not (exit 130)."""
+    click.echo(
+        f"stopped following; job {job_id} goes on in the fleet: `specq wait {job_id}` follows it again", err=True
+    )
+    raise SystemExit(130)
+
+
+def cancelled_here(job_id: str) -> None:
+    """Said at the first Ctrl-C of a job run in this process: its work cannot outlive it, so it is cancelled."""
+    click.echo(
+        f"cancelled job {job_id} here (it ran in this process); the step under way ends, then specq exits; "
+        f"`specq retry {job_id}` resumes it",
+        err=True,
+    )
+
+
+def training_note(status: JobStatus) -> str:
+    """`training the draft head (Ns of BUDGET)` while a `--draft train:N` job trains its head, else ''."""
+    training = status.draft_training
+    if not training or training.get("state") != "training":
+        return ""
+    return f"training the draft head ({training.get('training_s', 0.0):.0f}s of {training.get('budget')})"
 
 
 def note_missing_workers(db: Database, patient: Patient) -> None:
@@ -65,7 +90,7 @@ def follow(job_id: str, total: int, wait: Wait, *, show: bool, timeout: float | 
     progress = ProgressBar(f"job {job_id}", total, show=show)
 
     def on_status(status: JobStatus) -> None:
-        progress.update(status.done, status.tokens_per_second, status.acceptance, status.failed)
+        progress.update(status.done, status.tokens_per_second, status.acceptance, status.failed, training_note(status))
 
     with specq_errors(), progress:
         status = wait(on_status)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from specq.cli.group import cli
 from specq.cli.options import specq_errors
+
+if TYPE_CHECKING:
+    from specq.models.catalogue import CatalogueModel
 
 
 @cli.group("models", invoke_without_command=True)
@@ -49,7 +53,6 @@ def pull(names: tuple[str, ...]) -> None:
     with a progress line per phase. Nothing is installed into this environment, and a failure keeps
     nothing half-fetched: exit 1 where a fetch fails, 2 for a name the catalogue does not hold."""
     from specq.models.catalogue import find, unknown_name_message
-    from specq.models.pull import pull as pull_model
 
     wanted = []
     for name in dict.fromkeys(names):  # every name checked before anything is fetched
@@ -59,4 +62,15 @@ def pull(names: tuple[str, ...]) -> None:
         wanted.append(model)
     with specq_errors():
         for model in wanted:
-            pull_model(model, progress=lambda line: click.echo(line, err=True))
+            pull_saying(model)
+
+
+def pull_saying(model: CatalogueModel) -> None:
+    """Pull `model` with its progress lines on stderr, and a `still pulling` line in any silence between
+    them (a wait on another process's lock, a slow step): never quiet for SILENCE_LIMIT_S."""
+    from specq.models.pull import pull as pull_model
+    from specq.speaking import Speaker
+
+    speaker = Speaker(lambda line: click.echo(line, err=True))
+    with speaker.watching(f"pulling {model.name}"):
+        pull_model(model, progress=speaker.say)

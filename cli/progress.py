@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Self
 
 PLAIN_EVERY_S = 5.0  # seconds between plain progress lines
@@ -33,7 +34,7 @@ def acceptance_summary(draft_tokens: int, acceptance_rate: float, mean_acceptanc
 
 
 class ProgressBar:
-    def __init__(self, label: str, total: int | None, show: bool) -> None:
+    def __init__(self, label: str, total: int | None, show: bool, clock: Callable[[], float] = time.monotonic) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -47,12 +48,17 @@ class ProgressBar:
             TextColumn("{task.fields[rate]:>8.1f} tok/s"),
             TextColumn("acceptance {task.fields[acceptance]}"),
             TextColumn("{task.fields[failed]}"),
+            TextColumn("{task.fields[note]}"),
             console=console,
             disable=not show or self.plain,
         )
-        self.task = self.progress.add_task(label, total=total, rate=0.0, acceptance=NOT_APPLICABLE, failed="")
+        self.task = self.progress.add_task(label, total=total, rate=0.0, acceptance=NOT_APPLICABLE, failed="", note="")
         self.label, self.total = label, total
-        self._last_line = time.monotonic()  # the first plain line comes one period in: short runs print none
+        self.clock = clock
+        self._last_line = clock()  # the first plain line comes one period in: short runs print none
+        self._latest = ""  # the plain line of the latest update, printed or not
+        self._printed = ""
+        self._note = ""
 
     def __enter__(self) -> Self:
         self.progress.__enter__()
@@ -60,13 +66,19 @@ class ProgressBar:
 
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(None, None, None)
+        if self.plain and self._latest != self._printed:  # the log ends on the final count, not a period's
+            self._print(self._latest)
 
     def set_total(self, total: int) -> None:
         self.total = total
         self.progress.update(self.task, total=total)
 
-    def update(self, done: int, tokens_per_second: float, acceptance_rate: float | None, failed: int = 0) -> None:
-        """`acceptance_rate`: None while no draft token was proposed (shown as n/a)."""
+    def update(
+        self, done: int, tokens_per_second: float, acceptance_rate: float | None, failed: int = 0, note: str = ""
+    ) -> bool:
+        """`acceptance_rate`: None while no draft token was proposed (shown as n/a). `note`: what the work is
+        doing besides decoding (training its draft), shown after the figures; a new note is a plain line
+        at once. Returns whether it wrote a plain line."""
         acceptance = rate_text(acceptance_rate, 2)
         self.progress.update(
             self.task,
@@ -74,13 +86,22 @@ class ProgressBar:
             rate=tokens_per_second,
             acceptance=acceptance,
             failed=f"{failed} failed" if failed else "",
+            note=note,
         )
-        now = time.monotonic()
-        if self.plain and now - self._last_line >= PLAIN_EVERY_S:
+        total = "?" if self.total is None else self.total
+        self._latest = (
+            f"{self.label}: {done}/{total} done, {failed} failed, {tokens_per_second:.1f} tok/s, "
+            f"acceptance {acceptance}" + (f", {note}" if note else "")
+        )
+        now = self.clock()
+        noted, self._note = note != self._note, note
+        if self.plain and (now - self._last_line >= PLAIN_EVERY_S or (noted and note)):
             self._last_line = now
-            total = "?" if self.total is None else self.total
-            sys.stderr.write(
-                f"{self.label}: {done}/{total} done, {failed} failed, {tokens_per_second:.1f} tok/s, "
-                f"acceptance {acceptance}\n"
-            )
-            sys.stderr.flush()
+            self._print(self._latest)
+            return True
+        return False
+
+    def _print(self, line: str) -> None:
+        self._printed = line
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from specq.cli.follow import Wait, follow, note_missing_workers, polling
+from specq.cli.follow import Wait, cancelled_here, follow, note_missing_workers, polling, stopped_following
 from specq.cli.group import cli
 from specq.cli.options import (
     Duration,
@@ -159,7 +159,14 @@ def submit(
         from specq.worker.embedded import run_job_here
 
         def run_here(on_status: Callable[[JobStatus], None]) -> JobStatus:
-            return run_job_here(submitted.db, submitted.job_id, submitted.chunks, generation.device, on_status)
+            return run_job_here(
+                submitted.db,
+                submitted.job_id,
+                submitted.chunks,
+                generation.device,
+                on_status,
+                on_interrupt=lambda: cancelled_here(submitted.job_id),
+            )
 
         waiting: Wait = run_here
     else:
@@ -172,6 +179,6 @@ def submit(
     try:
         follow(submitted.job_id, submitted.total, waiting, show=foreground, timeout=timeout, strict=foreground)
     except KeyboardInterrupt:
-        if submitted.embedded:  # the job was cancelled: its in-process work dies with this process
-            click.echo(f"interrupted: job {submitted.job_id} cancelled; `specq retry` resumes it", err=True)
-        raise SystemExit(130) from None
+        if submitted.embedded:  # cancelled, as `cancelled_here` said at the first Ctrl-C
+            raise SystemExit(130) from None
+        stopped_following(submitted.job_id)

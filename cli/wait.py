@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from specq.cli.follow import follow, note_missing_workers, polling
+from specq.cli.follow import follow, note_missing_workers, polling, stopped_following
 from specq.cli.group import cli
 from specq.cli.options import database_option, job_argument, patient_reads, specq_errors
 
@@ -28,6 +28,9 @@ def wait(job: str, timeout: float | None, database_url: str | None) -> None:
         patient = patient_reads()
         db = patient(lambda: open_database(database_url))
         status = patient(lambda: job_status(db, job))
-    if not status.ended:
-        note_missing_workers(db, patient)
-    follow(job, status.total, polling(db, job, patient, timeout), show=True, timeout=timeout)
+    try:
+        if not status.ended:
+            note_missing_workers(db, patient)
+        follow(job, status.total, polling(db, job, patient, timeout), show=True, timeout=timeout)
+    except KeyboardInterrupt:
+        stopped_following(job)

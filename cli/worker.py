@@ -152,7 +152,7 @@ def _print_workers(found: list[WorkerStatus], set_aside: Callable[[str], int | N
         [
             w.name,
             w.device,
-            w.state,
+            f"loading {w.loading}" if w.loading else w.state,
             (w.last_heartbeat or "")[:19],
             f"{w.heartbeat_age_s:.0f}s",
             f"{w.current_batch} (job {w.current_job})" if w.current_batch else "-",

@@ -97,5 +97,6 @@ DRAFT_TRAINING_TRANSITIONS: dict[DraftTrainingState, frozenset[DraftTrainingStat
 
 class WorkerState(StrEnum):
     IDLE = "idle"  # waiting for a chunk
+    LOADING = "loading"  # loading the models of the chunk it claimed (workers.current_job's)
     BUSY = "busy"  # running a batch (workers.current_batch)
     STOPPED = "stopped"  # terminal: shut down cleanly

@@ -70,19 +70,23 @@ def train_job_head(
     seed: int = 0,
     on_step: Callable[[TrainState], None] = lambda state: None,
     clock: Callable[[], float] = time.perf_counter,
+    on_read: Callable[[int], None] = lambda done: None,
 ) -> TrainedHead:
     """A head for `target` trained on `sequences` (prompt and completion token ids) until `budget` is
     spent: the target reads their hidden states once, then chains of `depth` steps train as in
     distill/head.py. The whole phase ends by `wall_time_limit(budget)` on `clock`, whatever the data: a
-    phase that ran out before its first step returns the untrained head with `steps` 0. `on_step` after
-    each step; an exception from it stops training and goes up. ValueError where no sequence has a
+    phase that ran out before its first step returns the untrained head with `steps` 0. `on_read` after
+    each sequence the target read, `on_step` after each step; an exception from either stops training and
+    goes up. ValueError where no sequence has a
     completion two tokens long."""
     started = clock()
     limit = wall_time_limit(budget)
     torch.manual_seed(seed)
     head = new_head(target, sequences, HEAD_VOCAB, None)
     try:
-        states = target_states(target, sequences, on_sequence=lambda done: _within(clock, started, limit))
+        states = target_states(
+            target, sequences, on_sequence=lambda done: _read_one(done, on_read, clock, started, limit)
+        )
     except _BudgetSpent:
         read_s = clock() - started
         cut = f"its {limit:g}s ran out while the target read the hidden states"
@@ -112,6 +116,13 @@ def train_job_head(
     if trainer.state.tokens:
         report["agreement"] = round(first_token_agreement(head, chains), 4)
     return TrainedHead(head, report)
+
+
+def _read_one(
+    done: int, on_read: Callable[[int], None], clock: Callable[[], float], started: float, limit: float
+) -> None:
+    on_read(done)
+    _within(clock, started, limit)
 
 
 def _within(clock: Callable[[], float], started: float, limit: float) -> None:

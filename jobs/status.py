@@ -22,6 +22,7 @@ engine's tokens and seconds over its ended batches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -106,7 +107,15 @@ class JobStatus:
     elapsed_s: float  # since it started, to its end or to now
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON; the acceptance rates null where no draft token was proposed (target-only,
+        or none yet): no rate, as `n/a` says in text, rather than a rate of 0."""
+        shown = asdict(self)
+        if not self.num_draft_tokens:
+            shown.update(acceptance_rate=None, mean_acceptance_length=None)
+        for counters in shown["acceptance_by_proposer"].values():
+            if not counters["draft_tokens"]:
+                counters["acceptance_rate"] = None
+        return shown
 
     @property
     def ended(self) -> bool:
@@ -192,13 +201,16 @@ def _trained_drafts(session: Session, job_ids: list[str]) -> dict[str, TrainedDr
     return {row.job_id: row for row in rows}
 
 
-def _draft_training(settings: JobSettings, row: TrainedDraft | None) -> dict[str, Any] | None:
+def _draft_training(settings: JobSettings, row: TrainedDraft | None, now: datetime) -> dict[str, Any] | None:
     if settings.draft_training is None:
         return None
     shown: dict[str, Any] = {
         "asked": settings.draft_training.describe(),
         "state": "waiting" if row is None else row.state,
     }
+    if row is not None and row.state == DraftTrainingState.TRAINING:  # for the progress line while it trains
+        shown["training_s"] = round(max((now - row.started_at).total_seconds(), 0.0), 1)
+        shown["budget"] = settings.draft_training.budget
     if row is not None and row.report:
         shown.update(
             trained_on=row.report.get("sequences"), steps=row.report.get("steps"), seconds=row.report.get("seconds")
@@ -259,7 +271,7 @@ def _describe(job: Job, spec: _Counters, now: datetime, trained: TrainedDraft | 
         draft=job.draft,
         dtype=settings.dtype or "auto",
         model_free=settings.decoding.model_free,
-        draft_training=_draft_training(settings, trained),
+        draft_training=_draft_training(settings, trained, now),
         input=job.input_name,
         metadata=job.user_metadata or {},
         completion_window=job.completion_window,
@@ -339,6 +351,7 @@ class WorkerStatus:
     # what `--compile` did with the models it loaded last (`ModelPair.compile_report`, as stored; None
     # where it never compiled)
     compiled: dict[str, Any] | None
+    loading: str | None = None  # the model a `loading` worker loads (its current job's target)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -359,6 +372,7 @@ def live_workers(db: Database, include_gone: bool = False) -> list[WorkerStatus]
         if not include_gone:
             query = query.where(Worker.state != WorkerState.STOPPED)
         rows = session.scalars(query).all()
+        loading = _loading_targets(session, rows)
     listed = []
     for w in rows:
         age = (now - w.heartbeat_at).total_seconds()
@@ -378,6 +392,18 @@ def live_workers(db: Database, include_gone: bool = False) -> list[WorkerStatus]
                 pid=w.pid,
                 started_at=_iso(w.started_at),
                 compiled=w.compiled,
+                loading=loading.get(w.name) if live else None,
             )
         )
     return listed
+
+
+def _loading_targets(session: Session, workers: Sequence[Worker]) -> dict[str, str]:
+    """Worker name -> the target model it loads, for the workers loading their job's models."""
+    jobs = {w.name: w.current_job for w in workers if w.state == WorkerState.LOADING and w.current_job}
+    if not jobs:
+        return {}
+    targets = {
+        job: target for job, target in session.execute(select(Job.id, Job.target).where(Job.id.in_(set(jobs.values()))))
+    }
+    return {name: targets[job] for name, job in jobs.items() if job in targets}

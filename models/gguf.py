@@ -92,7 +92,7 @@ def converted_folder(path: Path, dtype: str | None = None) -> Path:
     if _damage(folder) is None:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(_lock_file(folder)):
+    with file_lock(_lock_file(folder), logger.warning):  # another process converting it: say so, and whose
         damage = _damage(folder)
         if damage is None:  # another process converted it while this one waited
             return folder
@@ -260,14 +260,43 @@ def _convert(path: Path, into: Path, dtype: str) -> None:
     """Dequantize the GGUF file `path` to `dtype` (a torch dtype's name) and save it with its tokenizer as
     a model folder `into`: a load in that dtype reads it as saved, not cast from fp32 at every load."""
     _require_extra(path)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     from transformers.utils import logging as hf_logging
 
     logger.info("converting the GGUF file %s (once; later loads read the converted folder)", path)
     # transformers' own per-tensor bar would interleave with specq's progress bar on stderr
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    try:
+        with _quiet_tensor_bar():
+            _convert_quietly(path, into, dtype)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _quiet_tensor_bar() -> Iterator[None]:
+    """transformers' GGUF reader draws its "Converting and de-quantizing GGUF tensors..." bar with tqdm
+    itself, past its own switch (disable_progress_bar) and past TQDM_DISABLE, which tqdm reads only when
+    it is imported: in a log file that is thousands of carriage-return frames. Silenced here, restored
+    after."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    drawn = reader.tqdm
+    reader.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = drawn
+
+
+def _convert_quietly(path: Path, into: Path, dtype: str) -> None:
+    """`_convert`'s work, its bars silenced by the caller."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         # dequantize: plain dense weights, which the engine's forwards and compiled graphs expect (packed
@@ -286,9 +315,6 @@ def _convert(path: Path, into: Path, dtype: str) -> None:
         tokenizer.save_pretrained(into)
     except Exception as exc:  # a truncated file, an architecture transformers cannot read, ...
         raise ModelLoadError(f"cannot load the GGUF file {str(path)!r} ({reason(exc)})") from exc
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
 
 
 def described(name: str, folder: str) -> str:

@@ -201,6 +201,7 @@ class ModelPair:
     # role ("target", "draft") -> what `--compile` did with it (decoding.compiled); empty with `off`
     compiled: dict[str, CompileOutcome] = field(default_factory=dict)
     warm_up_s: float = 0.0  # decoding requests through the compiled models at load, where asked (decoding.compiled)
+    compile_mode: str = "off"  # `--compile` as the load was asked it
     # role -> the forwards its load compiled and checked (decoding.compiled.FirstForwards), which a later
     # measurement of its speedup times
     first_forwards: dict[str, FirstForwards] = field(default_factory=dict)
@@ -266,8 +267,11 @@ class ModelPair:
 
     def compile_line(self) -> str | None:
         """The start-up line of `--compile`: what each model compiled at load, from the cache or not, in how
-        long, and why it runs as it does; None with `off`."""
+        long, and why it runs as it does; None with `off`, and with `auto` where nothing compiled (the
+        default's quiet choice: nothing the user asked for, nothing that changed)."""
         if not self.compiled:
+            return None
+        if self.compile_mode == "auto" and not any(outcome.compiled for outcome in self.compiled.values()):
             return None
         parts = [f"{role}: {outcome.summary()}" for role, outcome in self.compiled.items()]
         if self.warm_up_s:
@@ -335,8 +339,26 @@ def pack_for_verifies(model: Any) -> None:
     from specq.decoding.packed_linear import can_pack, pack_linears
 
     parameter = next(model.parameters())
-    if can_pack(parameter.device, parameter.dtype):
-        logger.info("packed %d linear layers for multi-token forwards", pack_linears(model))
+    if not can_pack(parameter.device, parameter.dtype):
+        return
+    weights = sum(p.nbytes for p in model.parameters())
+    if weights > _available_memory() // 2:  # the packed copy costs the weights again: leave room beside it
+        logger.info("linear layers left unpacked: %d MB of weights, too little free memory", weights >> 20)
+        return
+    logger.info("packed %d linear layers for multi-token forwards", pack_linears(model))
+
+
+def _available_memory() -> int:
+    """Bytes the kernel can give new allocations without swapping (Linux's MemAvailable, page cache
+    included: the weights just read sit there); elsewhere unknown, taken as enough."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 1 << 62
 
 
 def load_pair(
@@ -393,6 +415,7 @@ def load_pair(
     # a draft head reads the target's hidden states through a hook on its LM head, which a compile traces
     # only if it is there first: on every target, for a head loaded now or trained later by its job
     HiddenTap.install(target_model)
+    pair.compile_mode = compile
     if compile != "off":
         from specq.decoding.compiled import FirstForwards, compile_model, warm_up_decoding
 
@@ -416,7 +439,7 @@ def load_pair(
         if warm_up and any(outcome.compiled for outcome in pair.compiled.values()):
             pair.warm_up_s = warm_up_decoding(pair.target, pair.draft, tokenizer)
             logger.info("decoded a warm-up through the compiled models in %.1fs", pair.warm_up_s)
-        logger.info("%s", pair.compile_line())
+        logger.info("%s", pair.compile_line() or "--compile auto: the models run eagerly")
     return pair
 
 

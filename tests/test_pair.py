@@ -145,9 +145,11 @@ def chats(pair) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def references(pair, chats) -> list[list[int]]:
+    from specq.decoding.packed_linear import plain_linears
+
     eos = pair.tokenizer.eos_token_id
     references = []
-    with torch.inference_mode():
+    with torch.inference_mode(), plain_linears():  # transformers as it runs stock, not on specq's packed weights
         for ids in chats:
             out = pair.target.generate(
                 torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos

@@ -95,7 +95,7 @@ def test_ctrl_c_cancels_the_embedded_job_so_retry_can_resume_it(tiny_pair, tmp_p
     submit.send_signal(signal.SIGINT)
     _, stderr = submit.communicate(timeout=60)
     assert submit.returncode == 130, stderr
-    assert f"interrupted: job {job_id} cancelled" in stderr
+    assert f"cancelled job {job_id} here" in stderr
     info = job_status(env, job_id)
     assert info["state"] == "cancelled" and 0 < info["completed"] < 64, info
 

@@ -497,7 +497,15 @@ def _run(ctx: WorkerContext, job: Job, settings: JobSettings, triage: _Triage, w
         writer.add(result)
     training = settings.draft_training
     try:
-        pair = ctx.models.get(job.target, job.draft, settings.dtype, ctx.config.device, settings.compile)
+        pair = ctx.models.get(
+            job.target,
+            job.draft,
+            settings.dtype,
+            ctx.config.device,
+            settings.compile,
+            # a load takes minutes: `specq workers` says `loading MODEL` meanwhile, not `idle`
+            on_load=lambda: _set_worker(ctx, WorkerState.LOADING, job.id, None),
+        )
     except Exception as exc:  # ModelLoadError, or out of memory while loading
         if ctx.config.broker is not None and _this_workers_fault(exc, ctx, settings):
             # this worker's fault (disk, permissions, memory), not the job's: another worker may load

@@ -48,12 +48,13 @@ def run_job_here(
     chunks: Iterable[Chunk],
     device: str | None,
     on_status: Callable[[JobStatus], None],
+    on_interrupt: Callable[[], None] = lambda: None,
 ) -> JobStatus:
     """Run a submitted job's chunks in a thread of this process (`run_chunks_here`) and wait until the job
     ends, passing each status read to `on_status`; return the last status.
 
     The work dies with this process, so an interrupt (KeyboardInterrupt, Ctrl-C) cancels the job in the
-    store, where `specq retry` can resume it, lets the batch in hand finish (a thread torn down inside a
+    store, calls `on_interrupt` (to say so at once), lets the batch in hand finish (a thread torn down inside a
     torch kernel at exit aborts the process) and propagates; a second interrupt leaves at once. An error
     that stops the work is raised as a SpecqError naming the job."""
     import threading
@@ -78,6 +79,7 @@ def run_job_here(
     except KeyboardInterrupt:
         cancel_job(db, job_id)
         shared.stopping.set()
+        on_interrupt()
         try:
             worker.join()
         except KeyboardInterrupt:

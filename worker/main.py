@@ -55,6 +55,23 @@ def announce(ctx: WorkerContext, broker: str) -> None:
         ctx.metrics.dead_lettered.labels(ctx.config.device)
 
 
+def say_once_if_root(euid: int | None = None) -> bool:
+    """Celery warns a worker run as root in seven lines (its SecurityWarning, which names a `--uid`
+    option specq's worker does not have); specq says it in one, and silences Celery's. The image runs as
+    its own user: nothing is said there. `euid`: injectable for tests; whether it said it."""
+    if euid is None:
+        euid = os.geteuid() if hasattr(os, "geteuid") else -1
+    if euid != 0:
+        return False
+    import warnings
+
+    from celery.exceptions import SecurityWarning
+
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    log.warning("the worker runs as root; it needs no privileges (run it as another user)")
+    return True
+
+
 def run_worker(
     *,
     device: str | None,
@@ -119,6 +136,7 @@ def run_worker(
     # a worker outlives a broker outage of any length, reconnecting; commands that only send (submit,
     # retry) keep the short default and fail with a sentence instead
     app.conf.broker_connection_max_retries = None
+    say_once_if_root()
     try:
         app.worker_main(
             [

@@ -6,6 +6,7 @@ import gc
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,8 +29,17 @@ class ModelCache:
         self._pairs: OrderedDict[CacheKey, ModelPair] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, target: str, draft: str | None, dtype: str | None, device: str, compile: str = "auto") -> ModelPair:
-        """The pair, loaded if it is not; `compile` is the job's setting (auto: this worker's own)."""
+    def get(
+        self,
+        target: str,
+        draft: str | None,
+        dtype: str | None,
+        device: str,
+        compile: str = "auto",
+        on_load: Callable[[], None] | None = None,
+    ) -> ModelPair:
+        """The pair, loaded if it is not; `compile` is the job's setting (auto: this worker's own);
+        `on_load` is called before a load (not for a pair already loaded), which can take minutes."""
         from specq.models.loading import load_pair
 
         compile = self.compile if compile == "auto" else compile
@@ -43,6 +53,8 @@ class ModelCache:
                 old_key, _ = self._pairs.popitem(last=False)
                 log.info("unloading %s / %s from %s", old_key[0], old_key[1], old_key[3])
                 _free_memory(device)
+            if on_load is not None:
+                on_load()
             # measured after a chunk (measure_compiled_speedups): a job's first tokens wait for no measurement
             pair = load_pair(target, draft, device=device, dtype=dtype, compile=compile, measure_at_load=False)
             self._pairs[key] = pair

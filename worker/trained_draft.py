@@ -169,9 +169,12 @@ def _train_if_due(
     log.info("job %s: training its draft head on %d completions (%s)", job.id, len(sequences), training.budget)
     renewed = [time.monotonic()]
 
-    def on_step(_state: Any) -> None:
+    def stop_if_asked(*_progress: Any) -> None:  # a Ctrl-C in embedded mode, SIGTERM on a worker
         if ctx.shared.stopping.is_set():
             raise _Stopping
+
+    def on_step(_state: Any) -> None:
+        stop_if_asked()
         if time.monotonic() - renewed[0] >= ctx.config.queue.lease_s / 3:
             if not renew_training(ctx, job.id, now):  # cancelled or expired meanwhile: nothing will speculate
                 raise _Stopping
@@ -185,6 +188,7 @@ def _train_if_due(
             depth=settings.decoding.draft_model_depth,
             on_step=on_step,
             clock=training_clock(),
+            on_read=stop_if_asked,
         )
     except _Stopping:
         _release(ctx, job.id)

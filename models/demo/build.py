@@ -182,7 +182,7 @@ def build_demo_models(
     if report is not None:
         return DemoModels(final / "target", final / "draft", report)
     final.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(final.parent / f".{final.name}.lock"):
+    with file_lock(final.parent / f".{final.name}.lock", logger.warning):  # a second builder says whom it waits on
         # Another process may have finished the same build while this one waited for the lock.
         report = None if force else _read_complete(final, seed, recipe)
         if report is not None:
