@@ -57,6 +57,7 @@ from specq.decoding.config import DRAFT_MODEL_SPECULATIVE_TOKENS
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.stats import EngineStats, empty_by_proposer, leviathan_bound
 from specq.limits import BENCH_SPECULATIVE_TOKENS
+from specq.machine_records import cpu_name
 
 logger = logging.getLogger(__name__)
 
@@ -414,7 +415,7 @@ def machine_info(device: str, dtype: str | None) -> dict[str, Any]:
     import transformers
 
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -427,17 +428,6 @@ def machine_info(device: str, dtype: str | None) -> dict[str, Any]:
         "dtype": dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
         "load_average": list(os.getloadavg()),
     }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_bench(

@@ -34,18 +34,17 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from specq.decoding.hf_model import CausalLM
+from specq.machine_records import cpu_name, read_entries, write_entries
 from specq.paths import data_dir
 
 log = logging.getLogger(__name__)
@@ -157,25 +156,11 @@ def record_measurement(key: str, model_name: str, measurement: SpeedupMeasuremen
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_average": [round(load, 2) for load in os.getloadavg()],
     }
-    path = _path()
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        partial.write_text(json.dumps(entries, indent=1, sort_keys=True))
-        os.replace(partial, path)
-    except OSError as exc:  # a read-only data directory costs the record, never the job
-        log.warning("cannot keep the compiled speedup in %s: %s", path.name, exc)
-        partial.unlink(missing_ok=True)
+    write_entries(_path(), entries)
 
 
 def _read() -> dict[str, Any]:
-    try:
-        entries = json.loads(_path().read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:  # damaged: measured afresh, never a failed load
-        log.warning("ignoring %s: %s", FILE_NAME, exc)
-        return {}
-    return entries if isinstance(entries, dict) else {}
+    return read_entries(_path())
 
 
 def _path() -> Path:
@@ -185,16 +170,4 @@ def _path() -> Path:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{_cpu_name()} x{os.cpu_count()}"
-
-
-@cache
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:  # Linux: platform.processor() is often empty there
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return f"{cpu_name()} x{os.cpu_count()}"

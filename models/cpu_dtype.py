@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specq.machine_records import cpu_name, read_entries, write_entries
 from specq.paths import data_dir
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def dtype_key(config: Any) -> str:
         described.pop(where_from, None)
     decides = {
         "config": described,
-        "cpu": f"{_cpu_name()} x{os.cpu_count()}",
+        "cpu": f"{cpu_name()} x{os.cpu_count()}",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "protocol": PROTOCOL,
@@ -154,39 +154,12 @@ def _record(key: str, choice: DtypeChoice, measurement: SpeedupMeasurement) -> N
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_average": [round(load, 2) for load in os.getloadavg()],
     }
-    path = _path()
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(entries, indent=1, sort_keys=True))
-        os.replace(partial, path)
-    except OSError as exc:  # a read-only data directory costs the record (measured again), never the load
-        log.warning("cannot keep the bf16 measurement in %s: %s", path.name, exc)
-        partial.unlink(missing_ok=True)
+    write_entries(_path(), entries)
 
 
 def _read() -> dict[str, Any]:
-    try:
-        entries = json.loads(_path().read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:  # damaged: measured afresh, never a failed load
-        log.warning("ignoring %s: %s", FILE_NAME, exc)
-        return {}
-    return entries if isinstance(entries, dict) else {}
+    return read_entries(_path())
 
 
 def _path() -> Path:
     return data_dir() / FILE_NAME
-
-
-@cache
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
