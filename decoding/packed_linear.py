@@ -20,6 +20,7 @@ between the two PyTorch kernels.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,6 +64,14 @@ class PackedLinear(nn.Linear):
         self.weight = linear.weight  # [out, in], shared with the model's state (tied embeddings stay tied)
         self.bias = linear.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_ROWS_HINT)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PackedLinear:
+        # oneDNN's packed layout has no storage to copy: the copy packs its own copy of the weight
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "packed"}, memo))
+        clone.packed = torch.ops.mkldnn._reorder_linear_weight(clone.weight.detach(), PACK_ROWS_HINT)
+        return clone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features

@@ -28,6 +28,22 @@ def test_a_packed_linear_is_the_same_function_at_every_width(rows, bias) -> None
     assert packed.weight is linear.weight  # shared, not copied: tied embeddings stay tied
 
 
+def test_a_packed_model_deep_copies_into_one_of_its_own() -> None:
+    """copy.deepcopy of a packed model (the bench's looping target is one): oneDNN's packed tensor has no
+    storage to copy, so the copy packs its own weight."""
+    import copy
+
+    model = tiny_llama(seed=2)
+    pack_linears(model)
+    clone = copy.deepcopy(model)
+    x = torch.randint(0, model.config.vocab_size, (1, 4))
+    with torch.no_grad():
+        next(clone.parameters()).add_(1.0)  # the copy's weights are its own
+        assert not torch.allclose(clone(x).logits, model(x).logits)
+    layers = [m for m in clone.modules() if isinstance(m, PackedLinear)]
+    assert layers and all(m.packed is not None for m in layers)
+
+
 def test_the_packed_kernel_runs_for_more_than_one_row_only_and_never_inside_plain_linears(monkeypatch) -> None:
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
