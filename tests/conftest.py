@@ -182,7 +182,7 @@ def private_db_url(private_postgres):
 
 # -- the longest files first: pytest-xdist hands out files in collection order, and one of these taken last
 # would leave one process working alone for minutes at the end
-_LONGEST_FIRST = ("test_compiled.py", "test_real_models.py", "test_hostile_round2.py", "test_fleet.py")
+_LONGEST_FIRST = ("test_pair.py", "test_compiled.py", "test_real_models.py", "test_hostile_round2.py", "test_fleet.py")
 
 
 def pytest_collection_modifyitems(config, items):
