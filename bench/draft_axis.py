@@ -23,6 +23,7 @@ outputs are compared with target-only's on every row.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -30,16 +31,19 @@ from dataclasses import replace
 from typing import Any
 
 from specq.bench import hf_baselines
+from specq.bench.hf_baselines import PromptsDone
 from specq.bench.runner import (
     Run,
     _BaselineContender,
     _Contender,
     _FreshIndexContender,
     _measure,
+    _quiet,
     compare_outputs,
     mean_k,
     paired_ratio,
     paired_ratios,
+    prompts_noted,
 )
 from specq.bench.workloads import workload_token_ids
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
@@ -47,6 +51,7 @@ from specq.decoding.config import DRAFT_MODEL_SPECULATIVE_TOKENS, ModelFree
 from specq.decoding.stats import PROPOSERS
 from specq.decoding.suffix_index import SuffixIndex
 from specq.errors import SpecqError
+from specq.speaking import Say
 
 # A completion ends in a loop where its last tokens, this many at least and two periods at least, repeat
 # a period of up to _MAX_LOOP_PERIOD tokens: fewer tokens repeating are as likely an answer as a loop,
@@ -69,13 +74,13 @@ HF_PROMPT_LOOKUP_TOKENS = 10
 class _TimedBaselineContender(_BaselineContender):
     """An HF baseline that keeps, over its timed passes, where each pass's time went (`BaselineRun`)."""
 
-    def __init__(self, run: Run, generate: Callable[[], hf_baselines.BaselineRun]) -> None:
-        super().__init__(run, generate)
+    def __init__(self, run: Run, generate: Callable[..., hf_baselines.BaselineRun], prompts: int) -> None:
+        super().__init__(run, generate, prompts)
         self.timed: list[hf_baselines.BaselineRun] = []
         self.timing = False
 
-    def once(self) -> tuple[dict[int, list[int]], float]:
-        result = self.generate()
+    def once(self, on_prompts: PromptsDone) -> tuple[dict[int, list[int]], float]:
+        result = self.generate(on_prompts=on_prompts)
         if self.timing:
             self.timed.append(result)
         return result.outputs, result.seconds
@@ -108,10 +113,12 @@ def run_draft_axis(
     repeats: int,
     num_speculative_tokens: int | None = None,
     drop_loops: bool = False,
-    progress: Callable[[str], None] = lambda message: None,
+    progress: Say = _quiet,
+    reached: Say = _quiet,
 ) -> dict[str, Any]:
     """Every contender of `drafts` (keys of DRAFTS; target_only always) on every workload and batch size;
-    with `drop_loops`, on the prompts whose target-only greedy completion does not loop (`_without_loops`)."""
+    with `drop_loops`, on the prompts whose target-only greedy completion does not loop (`_without_loops`).
+    `progress` gets a line as each pass begins, `reached` one as it finishes each prompt (runner.run_bench)."""
     from specq.bench.runner import BenchSettings
 
     names = ["target_only", *[d for d in drafts if d != "target_only" and _can_run(d, draft)]]
@@ -125,7 +132,11 @@ def run_draft_axis(
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
         requests = [GenerationRequest(i, tuple(p), replace(params, seed=seed + i)) for i, p in enumerate(prompts)]
         if drop_loops:
-            kept = _without_loops(target, tokenizer, requests, max(batch_sizes))
+            phase = f"{workload}: one target-only greedy pass finds the completions that loop"
+            progress(phase)
+            kept = _without_loops(
+                target, tokenizer, requests, max(batch_sizes), prompts_noted(reached, phase, len(requests))
+            )
             dropped[workload] = len(requests) - len(kept)
             progress(f"{workload}: {dropped[workload]} of {len(requests)} prompts dropped, their completions loop")
             if not kept:
@@ -157,7 +168,7 @@ def run_draft_axis(
 
                 contenders.append(_FreshIndexContender(Run(name, b), make_engine, requests))
             progress(f"{workload} B={b}: {', '.join(c.run.name for c in contenders)}")
-            _measure(contenders, settings)
+            _measure(contenders, settings, progress, reached, where=f"{workload} ")
             runs = {c.run.name: c.run for c in contenders}
             rows.append(_row(workload, b, runs, compare=params.greedy))
             progress(_summary(rows[-1]))
@@ -184,30 +195,39 @@ def _hf_contender(
     pad = getattr(tokenizer, "pad_token_id", None)
     config = hf_baselines.generation_config(params, pad if isinstance(pad, int) else min(eos, default=0), eos)
     prompts = [r.prompt_token_ids for r in requests]
+    generate: Callable[..., hf_baselines.BaselineRun]  # called with on_prompts=
     if name == "hf_generate":
-        return _TimedBaselineContender(
-            Run(name, batch_size), lambda: hf_baselines.batched_generate(target, prompts, batch_size, config, eos)
-        )
-    if name == "hf_assisted":
-        return _TimedBaselineContender(
-            Run(name, batch_size), lambda: hf_baselines.assisted_generate(target, draft, prompts, config, eos)
-        )
-    return _TimedBaselineContender(
-        Run(name, batch_size),
-        lambda: hf_baselines.prompt_lookup_generate(target, prompts, config, eos, HF_PROMPT_LOOKUP_TOKENS),
-    )
+        generate = functools.partial(hf_baselines.batched_generate, target, prompts, batch_size, config, eos)
+    elif name == "hf_assisted":
+        generate = functools.partial(hf_baselines.assisted_generate, target, draft, prompts, config, eos)
+    else:
+        lookup = HF_PROMPT_LOOKUP_TOKENS
+        generate = functools.partial(hf_baselines.prompt_lookup_generate, target, prompts, config, eos, lookup)
+    return _TimedBaselineContender(Run(name, batch_size), generate, len(prompts))
 
 
-def _without_loops(target, tokenizer, requests: list[GenerationRequest], batch_size: int) -> list[GenerationRequest]:
+def _without_loops(
+    target,
+    tokenizer,
+    requests: list[GenerationRequest],
+    batch_size: int,
+    on_prompts: PromptsDone = lambda done, tokens: None,
+) -> list[GenerationRequest]:
     """The requests whose target-only greedy completion does not end in a loop (`repeats_a_short_period`),
-    decided by one untimed pass: on a weak model's loops every proposer predicts the loop, so acceptance there measures
-    the loop, not the workload (the demo pair loops on most grounded prompts)."""
+    decided by one untimed pass (`on_prompts` told as it finishes each): on a weak model's loops every proposer
+    predicts the loop, so acceptance there measures the loop, not the workload (the demo pair loops on most
+    grounded prompts)."""
     greedy = [
         GenerationRequest(r.key, r.prompt_token_ids, SamplingParams(max_tokens=r.params.max_tokens, temperature=0.0))
         for r in requests
     ]
     engine = SpeculativeEngine(target, tokenizer, None, DecodingConfig(batch_size=batch_size))
-    looping = {result.key for result in engine.generate(greedy) if repeats_a_short_period(result.token_ids)}
+    looping, tokens = set(), 0
+    for done, result in enumerate(engine.generate(greedy), 1):
+        tokens += len(result.token_ids)
+        on_prompts(done, tokens)
+        if repeats_a_short_period(result.token_ids):
+            looping.add(result.key)
     return [r for r in requests if r.key not in looping]
 
 
@@ -343,11 +363,13 @@ def run_draft_axis_benchmark(
     threads: int | None = None,
     compile: str = "off",
     command: str | None = None,
-    progress: Callable[[str], None] = lambda message: None,
+    progress: Say = _quiet,
+    reached: Say = _quiet,
     **settings: Any,
 ) -> dict[str, Any]:
     """The draft axis as `specq bench --workloads` runs it: load the pair (None, None: runner.default_pair),
-    run `run_draft_axis`, and return its results with the command, date, machine and models."""
+    run `run_draft_axis`, and return its results with the command, date, machine and models; `progress` and
+    `reached` as `run_draft_axis` takes them."""
     import os
     from datetime import UTC, datetime
 
@@ -357,11 +379,19 @@ def run_draft_axis_benchmark(
     pair, device, target, draft = load_bench_pair(target, draft, device, dtype, threads, progress, compile)
     machine = machine_info(device, pair.dtype)  # what ran: `auto` chooses per machine and model
     results = run_draft_axis(
-        pair.target, pair.draft, pair.tokenizer, workloads, drafts, batch_sizes, progress=progress, **settings
+        pair.target,
+        pair.draft,
+        pair.tokenizer,
+        workloads,
+        drafts,
+        batch_sizes,
+        progress=progress,
+        reached=reached,
+        **settings,
     )
     # a verify is K + 1 wide: the draft model's K where given, else its default (decoding.config)
     k = settings.get("num_speculative_tokens") or DRAFT_MODEL_SPECULATIVE_TOKENS
-    bandwidth, roofline = measure_pair_roofline(pair, progress, max_width=k + 1)
+    bandwidth, roofline = measure_pair_roofline(pair, progress, k + 1, reached)
     return {
         "command": command,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

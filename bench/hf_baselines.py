@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedModel
 
     from specq.decoding.types import SamplingParams
+
+# (prompts done, their completion tokens): called after each `generate` call of a pass, for its progress line
+PromptsDone = Callable[[int, int], None]
+
+
+def _unheard(done: int, tokens: int) -> None:
+    """A pass nobody follows."""
 
 
 @dataclass
@@ -108,9 +115,10 @@ def batched_generate(
     batch_size: int,
     config: GenerationConfig,
     eos_token_ids: Collection[int],
+    on_prompts: PromptsDone = _unheard,
 ) -> BaselineRun:
     """HF `generate` on the target alone, `batch_size` prompts at a time, left-padded (static batches:
-    a batch ends when its slowest row does)."""
+    a batch ends when its slowest row does); `on_prompts` after each batch."""
     import torch
 
     from specq.decoding.packed_linear import plain_linears  # stock PyTorch linears: transformers as it runs
@@ -131,6 +139,7 @@ def batched_generate(
             )  # [b, width + new]
             for row, generated in enumerate(sequences[:, width:].tolist()):
                 outputs[start + row] = completion_tokens(generated, eos_token_ids)
+            on_prompts(len(outputs), sum(map(len, outputs.values())))
     return BaselineRun(outputs, time.perf_counter() - started, clock.prefill_seconds, clock.decode_forwards)
 
 
@@ -141,11 +150,12 @@ def assisted_generate(
     config: GenerationConfig,
     eos_token_ids: Collection[int],
     assistant_tokens: int | None = None,
+    on_prompts: PromptsDone = _unheard,
 ) -> BaselineRun:
     """HF assisted generation, one prompt at a time (its only batch size). `assistant_tokens` fixes
     the number of candidate tokens a step (schedule "constant"); None keeps HF's defaults."""
     with _assistant_tokens(draft, assistant_tokens):
-        return _generate_one_at_a_time(model, prompts, config, eos_token_ids, assistant_model=draft)
+        return _generate_one_at_a_time(model, prompts, config, eos_token_ids, on_prompts, assistant_model=draft)
 
 
 def prompt_lookup_generate(
@@ -154,10 +164,13 @@ def prompt_lookup_generate(
     config: GenerationConfig,
     eos_token_ids: Collection[int],
     lookup_tokens: int,
+    on_prompts: PromptsDone = _unheard,
 ) -> BaselineRun:
     """HF prompt lookup decoding (`generate(prompt_lookup_num_tokens=N)`: candidates copied from the
     prompt's own n-grams, verified by the target), one prompt at a time (its only batch size)."""
-    return _generate_one_at_a_time(model, prompts, config, eos_token_ids, prompt_lookup_num_tokens=lookup_tokens)
+    return _generate_one_at_a_time(
+        model, prompts, config, eos_token_ids, on_prompts, prompt_lookup_num_tokens=lookup_tokens
+    )
 
 
 def _generate_one_at_a_time(
@@ -165,10 +178,11 @@ def _generate_one_at_a_time(
     prompts: Sequence[Sequence[int]],
     config: GenerationConfig,
     eos_token_ids: Collection[int],
+    on_prompts: PromptsDone,
     **speculation: Any,
 ) -> BaselineRun:
     """`generate` on each prompt alone (HF's speculative modes take batch size 1 only), `speculation`
-    naming the mode's own keyword (`assistant_model=`, `prompt_lookup_num_tokens=`)."""
+    naming the mode's own keyword (`assistant_model=`, `prompt_lookup_num_tokens=`); `on_prompts` after each."""
     import torch
 
     from specq.decoding.packed_linear import plain_linears  # stock PyTorch linears: transformers as it runs
@@ -187,6 +201,7 @@ def _generate_one_at_a_time(
                 **speculation,
             )  # [1, prompt + new]
             outputs[i] = completion_tokens(sequence[0, len(prompt) :].tolist(), eos_token_ids)
+            on_prompts(len(outputs), sum(map(len, outputs.values())))
     return BaselineRun(outputs, time.perf_counter() - started, clock.prefill_seconds, clock.decode_forwards)
 
 

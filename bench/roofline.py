@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +25,13 @@ BANDWIDTH_COPIES = 5
 CONTEXT_TOKENS = 64  # the cache a timed forward attends to: a short prompt's
 FORWARD_WARMUP = 3
 FORWARD_REPEATS = 20
+# told each forward a timing has run (1 to FORWARD_WARMUP + repeats) and how many it runs: a 1.5B model's
+# forwards on a CPU take a minute a width, so the benchmark's progress follows them
+ForwardsDone = Callable[[int, int], None]
+
+
+def _unheard(done: int, total: int) -> None:
+    """A timing nobody follows."""
 
 
 def eager_module(model: Any) -> Any:
@@ -74,7 +82,11 @@ def forward_floor_seconds(weight_bytes: int, bandwidth: float) -> float:
 
 
 def decode_forward_seconds(
-    model: Any, context: int = CONTEXT_TOKENS, repeats: int = FORWARD_REPEATS, width: int = 1
+    model: Any,
+    context: int = CONTEXT_TOKENS,
+    repeats: int = FORWARD_REPEATS,
+    width: int = 1,
+    on_forward: ForwardsDone = _unheard,
 ) -> float:
     """Median seconds of one batch-1 decode forward of `width` new tokens (1: a plain step; K + 1: a
     verify of K draft tokens) over a `context`-token cache, as the engine runs it (decoding/hf_model.py's
@@ -92,36 +104,54 @@ def decode_forward_seconds(
     seconds = []
     with torch.inference_mode():
         RaggedLM(eager_module(model)).prefill(cache, rows, tokens[:, :context], lm.vocab_size, keep=LAST_ONLY)
-        for _ in range(FORWARD_WARMUP + repeats):
+        for done in range(1, FORWARD_WARMUP + repeats + 1):
             _synchronize(lm.device)
             started = time.perf_counter()
             lm.step(cache, tokens[:, context:], columns, context + width, lm.vocab_size)
             _synchronize(lm.device)
             seconds.append(time.perf_counter() - started)
+            on_forward(done, FORWARD_WARMUP + repeats)
     return statistics.median(seconds[FORWARD_WARMUP:])
 
 
-def forward_ms_by_width(model: Any, widths: range, repeats: int = FORWARD_REPEATS) -> dict[int, float]:
+def forward_ms_by_width(
+    model: Any,
+    widths: range,
+    repeats: int = FORWARD_REPEATS,
+    follow: Callable[[int], ForwardsDone] = lambda width: _unheard,
+) -> dict[int, float]:
     """Milliseconds of a batch-1 eager forward of each width in `widths` (1 to K + 1): how much more a
     verify of K draft tokens costs than a plain step. At the memory roofline it costs the same: both
-    read every weight once."""
-    return {width: 1e3 * decode_forward_seconds(eager_module(model), repeats=repeats, width=width) for width in widths}
+    read every weight once. `follow(width)` is told each forward of that width's timing."""
+    return {
+        width: 1e3 * decode_forward_seconds(eager_module(model), repeats=repeats, width=width, on_forward=follow(width))
+        for width in widths
+    }
 
 
-def measure_roofline(models: dict[str, Any], max_width: int = 1) -> tuple[float, dict[str, Any]]:
+def measure_roofline(
+    models: dict[str, Any], max_width: int = 1, reached: Callable[[str], None] = lambda line: None
+) -> tuple[float, dict[str, Any]]:
     """(the machine's bandwidth in bytes per second, the roofline): the bandwidth measured once, then for
     each model (by its role: target, draft) its weight bytes, floor and batch-1 decode forward time,
     eager and, when the model is compiled, compiled; with `max_width` > 1, its eager forward's time at
-    each width from 1 to `max_width` too (a verify of K draft tokens is K + 1 wide)."""
+    each width from 1 to `max_width` too (a verify of K draft tokens is K + 1 wide). `reached` is told
+    each forward timed (`the target's eager forward at width 3: 7 of 23`)."""
     sizes = {role: weight_bytes(model) for role, model in models.items()}
     device = next(eager_module(next(iter(models.values()))).parameters()).device
     bandwidth = measure_bandwidth(device, max(sizes.values()))
     rows = []
     for role, model in models.items():
+
+        def follow(width: int, kind: str = "eager", role: str = role) -> ForwardsDone:
+            return lambda done, total: reached(f"the {role}'s {kind} forward at width {width}: {done} of {total}")
+
         floor = forward_floor_seconds(sizes[role], bandwidth)
-        eager = decode_forward_seconds(eager_module(model))
-        compiled = None if eager_module(model) is model else decode_forward_seconds(model)
-        by_width = forward_ms_by_width(model, range(2, max_width + 1)) if max_width > 1 else {}
+        eager = decode_forward_seconds(eager_module(model), on_forward=follow(1))
+        compiled = (
+            None if eager_module(model) is model else decode_forward_seconds(model, on_forward=follow(1, "compiled"))
+        )
+        by_width = forward_ms_by_width(model, range(2, max_width + 1), follow=follow) if max_width > 1 else {}
         rows.append(
             {
                 "model": role,

@@ -14,7 +14,8 @@ For each batch size B, on the same prompt token ids and sampling settings:
 Each run is warmed up first (`warmup` full passes over the prompts, on the same engine, so the
 adaptive policy starts from measured step times), then timed by the wall clock around the whole pass,
 the timed passes of all runs at one batch size taking turns; tokens are completion tokens (EOS
-excluded, as the engine counts them).
+excluded, as the engine counts them). Each pass says a line as it begins (`progress`) and notes the
+prompts it finished (`reached`, which `specq bench` says at most every half minute: specq/speaking.py).
 
 Derived numbers. Forward times are means over every step of the timed passes, from the engine's
 own sums and counts (`EngineStats.mean_seconds()`); counters are `EngineStats`' (terms as in
@@ -52,12 +53,14 @@ from typing import Any
 import torch
 
 from specq.bench import hf_baselines
+from specq.bench.hf_baselines import PromptsDone
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine
 from specq.decoding.config import DRAFT_MODEL_SPECULATIVE_TOKENS
 from specq.decoding.k_policy import SpeculationPolicy
 from specq.decoding.stats import EngineStats, empty_by_proposer, leviathan_bound
 from specq.limits import BENCH_SPECULATIVE_TOKENS
 from specq.machine_records import cpu_name
+from specq.speaking import Say
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,10 @@ SPECQ_RUNS = ("spec", "spec_fixed", "target_only")
 RUNS = (*SPECQ_RUNS, "hf_batched", "hf_assisted")
 HYBRID_RUN = "spec_hybrid"  # BenchSettings.hybrid's
 REFERENCE_RUN = "target_only"  # the target's own greedy output, to which every other run is compared
+
+
+def _quiet(line: str) -> None:
+    """Where nobody follows the benchmark."""
 
 
 @dataclass(frozen=True)
@@ -436,13 +443,15 @@ def run_bench(
     tokenizer,
     prompts: Sequence[Sequence[int]],
     settings: BenchSettings,
-    progress: Callable[[str], None] = lambda message: None,
+    progress: Say = _quiet,
+    reached: Say = _quiet,
 ) -> dict[str, Any]:
     """All runs at every batch size, the derived rows and the target checks, as one JSON-able dict.
 
     At each batch size every contender is warmed up first, then the timed passes go round-robin
     (spec, spec_fixed, target_only, spec_hybrid where asked, hf_batched, and hf_assisted with the first
-    batch size), so that load from other processes, which drifts over minutes, hits every contender alike."""
+    batch size), so that load from other processes, which drifts over minutes, hits every contender alike.
+    `progress` gets a line as each pass begins, `reached` one as it finishes each prompt (or batch of them)."""
     k = settings.num_speculative_tokens
     sampling = settings.sampling
     greedy = sampling.greedy
@@ -468,7 +477,7 @@ def run_bench(
             contenders.append(_FreshIndexContender(Run(HYBRID_RUN, b), make_engine, requests))
         if settings.hf_batched:
             batched = functools.partial(hf_baselines.batched_generate, target, prompts, b, hf_config, eos_token_ids)
-            contenders.append(_BaselineContender(Run("hf_batched", b), batched))
+            contenders.append(_BaselineContender(Run("hf_batched", b), batched, len(prompts)))
         if settings.hf_assisted and assisted is None:
             assisted = Run("hf_assisted", 1)
             contenders.append(
@@ -483,10 +492,11 @@ def run_bench(
                         eos_token_ids,
                         settings.hf_assistant_tokens,
                     ),
+                    len(prompts),
                 )
             )
-        progress(f"B={b}: warming up {', '.join(c.run.name for c in contenders)}")
-        _measure(contenders, settings)
+        progress(f"B={b}: {', '.join(c.run.name for c in contenders)}")
+        _measure(contenders, settings, progress, reached)
         runs = {c.run.name: c.run for c in contenders}
         for run in runs.values():
             progress(_line(run))
@@ -523,7 +533,7 @@ def load_bench_pair(
     device: str | None,
     dtype: str | None,
     threads: int | None,
-    progress: Callable[[str], None],
+    progress: Say,
     compile: str = "off",
 ) -> tuple[Any, str, str, str | None]:
     """(pair, device, target, draft) for a benchmark: target None means the catalogue's demo pair
@@ -539,6 +549,7 @@ def load_bench_pair(
         if target is None:
             target, draft = default_pair()
             progress(f"using the demo pair: {target} and draft {draft} (pulled on first use)")
+        progress(f"loading {target}" + ("" if draft is None else f" and the draft {draft}") + f" on {device}")
         pair = load_pair(target, draft, device, dtype, compile)
     except ValueError as exc:
         raise SpecqError(str(exc)) from exc
@@ -558,12 +569,13 @@ def run_benchmark(
     threads: int | None = None,
     compile: str = "off",
     command: str | None = None,
-    progress: Callable[[str], None] = lambda message: None,
+    progress: Say = _quiet,
+    reached: Say = _quiet,
 ) -> dict[str, Any]:
     """The benchmark as `specq bench` runs it: load the pair (target and draft None: `default_pair`,
     pulled on first use), run `run_bench` on the held-out prompts, and return its results with what they were
     measured on (`command`, date, machine, models, settings, prompts) and the models' roofline, ready
-    for report.py.
+    for report.py. `progress` and `reached`: as `run_bench` takes them.
 
     `threads`: torch's intra-op threads (None: torch's own choice); `device` None: cuda if available,
     else cpu. A pair that cannot be loaded raises SpecqError."""
@@ -581,8 +593,8 @@ def run_benchmark(
         f"{torch.get_num_threads()} torch threads"
     )
     machine = machine_info(device, pair.dtype)  # what ran: `auto` chooses per machine and model
-    results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, settings, progress=progress)
-    bandwidth, roofline = measure_pair_roofline(pair, progress, max_width=settings.num_speculative_tokens + 1)
+    results = run_bench(pair.target, pair.draft, pair.tokenizer, prompts, settings, progress, reached)
+    bandwidth, roofline = measure_pair_roofline(pair, progress, settings.num_speculative_tokens + 1, reached)
     return {
         "command": command,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -602,10 +614,12 @@ def run_benchmark(
     }
 
 
-def measure_pair_roofline(pair, progress: Callable[[str], None], max_width: int = 1) -> tuple[float, dict[str, Any]]:
+def measure_pair_roofline(
+    pair, progress: Say, max_width: int = 1, reached: Say = _quiet
+) -> tuple[float, dict[str, Any]]:
     """(memory bandwidth in bytes per second, roofline) of the pair's models (bench/roofline.py), with each
-    model's forward time at widths 1 to `max_width`. Run after the benchmark, so that compiled models
-    have their batch-1 graphs from the runs at B = 1."""
+    model's forward time at widths 1 to `max_width`; `reached` notes each timed forward. Run after the
+    benchmark, so that compiled models have their batch-1 graphs from the runs at B = 1."""
     from specq.bench.roofline import measure_roofline
     from specq.decoding.draft_head import DraftHead
 
@@ -614,7 +628,7 @@ def measure_pair_roofline(pair, progress: Callable[[str], None], max_width: int 
     # a draft head is no model of its own: it runs no decode forward, and its tables are the target's
     drafts = [] if isinstance(pair.draft, DraftHead) else [("draft", pair.draft)]
     models = {role: model for role, model in (("target", pair.target), *drafts) if model is not None}
-    bandwidth, roofline = measure_roofline(models, max_width)
+    bandwidth, roofline = measure_roofline(models, max_width, lambda line: reached(f"roofline: {line}"))
     for row in roofline["models"]:  # what compiling each model cost at load and the speedup it measured
         outcome = pair.compiled.get(row["model"])
         row["compile_s"] = None if outcome is None or not outcome.compiled else outcome.seconds
@@ -632,13 +646,14 @@ def _pad_token_id(tokenizer, eos_token_ids: Iterable[int]) -> int:
 
 
 class _Contender:
-    """One way of decoding all the prompts: `once()` is one full pass."""
+    """One way of decoding all `prompts` prompts: `once()` is one full pass."""
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
+    def __init__(self, run: Run, prompts: int) -> None:
+        self.run, self.prompts = run, prompts
 
-    def once(self) -> tuple[dict[int, list[int]], float]:
-        """One full pass: the completions by prompt index, and its wall-clock seconds."""
+    def once(self, on_prompts: PromptsDone) -> tuple[dict[int, list[int]], float]:
+        """One full pass: the completions by prompt index, and its wall-clock seconds; `on_prompts` is
+        told the prompts done and their tokens as the pass finishes each (or each batch of them)."""
         raise NotImplementedError
 
     def begin(self) -> None:
@@ -649,14 +664,14 @@ class _Contender:
 
 
 class _BaselineContender(_Contender):
-    """An HF baseline (bench/hf_baselines.py): `generate` is one full pass."""
+    """An HF baseline (bench/hf_baselines.py): `generate(on_prompts=...)` is one full pass."""
 
-    def __init__(self, run: Run, generate: Callable[[], hf_baselines.BaselineRun]) -> None:
-        super().__init__(run)
+    def __init__(self, run: Run, generate: Callable[..., hf_baselines.BaselineRun], prompts: int) -> None:
+        super().__init__(run, prompts)
         self.generate = generate
 
-    def once(self) -> tuple[dict[int, list[int]], float]:
-        result = self.generate()
+    def once(self, on_prompts: PromptsDone) -> tuple[dict[int, list[int]], float]:
+        result = self.generate(on_prompts=on_prompts)
         return result.outputs, result.seconds
 
 
@@ -664,12 +679,12 @@ class _EngineContender(_Contender):
     """A specq engine; its policy keeps what the warm-up measured, its stats cover the timed passes."""
 
     def __init__(self, run: Run, engine: SpeculativeEngine, requests: list[GenerationRequest]) -> None:
-        super().__init__(run)
+        super().__init__(run, len(requests))
         self.engine, self.requests = engine, requests
 
-    def once(self) -> tuple[dict[int, list[int]], float]:
+    def once(self, on_prompts: PromptsDone) -> tuple[dict[int, list[int]], float]:
         started = time.perf_counter()
-        outputs = _collect(self.engine.generate(self.requests))
+        outputs = _collect(self.engine.generate(self.requests), on_prompts)
         return outputs, time.perf_counter() - started
 
     def begin(self) -> None:
@@ -684,17 +699,17 @@ class _FreshIndexContender(_Contender):
     """An engine per pass, sharing one adaptive-k policy, each with an empty suffix index."""
 
     def __init__(self, run: Run, make_engine: Callable[[SpeculationPolicy | None], SpeculativeEngine], requests):
-        super().__init__(run)
+        super().__init__(run, len(requests))
         self.make_engine, self.requests = make_engine, requests
         self.policy: SpeculationPolicy | None = None
         self.timed: list[EngineStats] = []
         self.timing = False
 
-    def once(self) -> tuple[dict[int, list[int]], float]:
+    def once(self, on_prompts: PromptsDone) -> tuple[dict[int, list[int]], float]:
         engine = self.make_engine(self.policy)
         self.policy = engine.policy
         started = time.perf_counter()
-        outputs = _collect(engine.generate(self.requests))
+        outputs = _collect(engine.generate(self.requests), on_prompts)
         seconds = time.perf_counter() - started
         if self.timing:
             self.timed.append(engine.stats)
@@ -732,17 +747,25 @@ def _summed(all_stats: list[EngineStats]) -> dict[str, Any]:
     }
 
 
-def _measure(contenders: list[_Contender], settings: BenchSettings) -> None:
+def _measure(
+    contenders: list[_Contender],
+    settings: BenchSettings,
+    progress: Say = _quiet,
+    reached: Say = _quiet,
+    where: str = "",
+) -> None:
+    """Each contender's warm-up passes, then the timed passes, round-robin; `where` names the workload in
+    the progress lines (the draft axis)."""
     for contender in contenders:
-        for _ in range(settings.warmup):
-            contender.once()
+        for n in range(1, settings.warmup + 1):
+            _pass(contender, f"warm-up pass {n} of {settings.warmup}", where, progress, reached)
         contender.begin()
     for contender in contenders:
         contender.run.load_average.append(os.getloadavg()[0])
-    for _ in range(settings.repeats):
+    for n in range(1, settings.repeats + 1):
         for contender in contenders:
             cpu = time.process_time()
-            outputs, seconds = contender.once()
+            outputs, seconds = _pass(contender, f"timed pass {n} of {settings.repeats}", where, progress, reached)
             run = contender.run
             run.cpu_seconds.append(time.process_time() - cpu)
             run.seconds.append(seconds)
@@ -753,12 +776,30 @@ def _measure(contenders: list[_Contender], settings: BenchSettings) -> None:
         contender.run.load_average.append(os.getloadavg()[0])
 
 
-def _collect(results) -> dict[int, list[int]]:
+def _pass(
+    contender: _Contender, which: str, where: str, progress: Say, reached: Say
+) -> tuple[dict[int, list[int]], float]:
+    """One full pass of `contender`: a line as it begins, a note as it finishes each prompt (or batch)."""
+    run = contender.run
+    phase = f"{where}B={run.batch_size} {run.name}: {which}"
+    progress(phase)
+    return contender.once(prompts_noted(reached, phase, contender.prompts))
+
+
+def prompts_noted(reached: Say, phase: str, prompts: int) -> PromptsDone:
+    """An `on_prompts` that notes how far `phase` got: `...: 3/8 prompts done, 120 tokens`."""
+    return lambda done, tokens: reached(f"{phase}: {done}/{prompts} prompts done, {tokens} tokens")
+
+
+def _collect(results, on_prompts: PromptsDone) -> dict[int, list[int]]:
     outputs = {}
+    tokens = 0
     for result in results:
         if result.error is not None:
             raise RuntimeError(f"request {result.key} failed: {result.error}")
         outputs[result.key] = result.token_ids
+        tokens += len(result.token_ids)
+        on_prompts(len(outputs), tokens)
     return outputs
 
 

@@ -1,10 +1,15 @@
-"""`specq bench`: the side-by-side benchmark. Parses options and delegates to bench/."""
+"""`specq bench`: the side-by-side benchmark. Parses options and delegates to bench/.
+
+Its lines go to stderr, its tables to stdout. Each pass of each contender says a line as it begins and how
+far it got at least every half minute; a silence inside one slow call (a model's load, a batch's `generate`)
+gets a `still` line from the speaker's watcher (specq/speaking.py)."""
 
 from __future__ import annotations
 
 import shlex
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import click
@@ -18,6 +23,7 @@ from specq.limits import (
     MAX_TOKENS,
     TEMPERATURE,
 )
+from specq.speaking import Phases, Speaker
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -184,6 +190,8 @@ def bench(
     from specq.bench import report, runner
 
     command = shlex.join(["specq", *sys.argv[1:]]) if sys.argv[0].endswith("specq") else None
+    speaker = Speaker(lambda line: click.echo(line, err=True))
+    phases = Phases(speaker, "starting the benchmark")
     # how the pair is loaded and the run reported: the same for both benchmarks
     loading: dict[str, Any] = {
         "device": device,
@@ -191,7 +199,8 @@ def bench(
         "threads": threads,
         "compile": compile,
         "command": command,
-        "progress": lambda line: click.echo(line, err=True),
+        "progress": phases.begin,
+        "reached": phases.reached,
     }
     # what both benchmarks measure with
     common: dict[str, Any] = {
@@ -213,6 +222,7 @@ def bench(
             drafts,
             batch_sizes,
             loading,
+            speaker.watching(phases.busy),
             json_path=json_path,
             markdown_path=markdown_path,
             drop_loops=drop_loops,
@@ -230,7 +240,8 @@ def bench(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    with specq_errors():  # a model that cannot load, or cannot compile with --compile on: exit 2
+    # a model that cannot load, or cannot compile with --compile on: exit 2
+    with specq_errors(), speaker.watching(phases.busy):
         results = runner.run_benchmark(target, draft, settings, **loading)
     report.print_tables(results, to_stderr=json_path == "-")
     if json_path:
@@ -246,15 +257,16 @@ def _draft_axis(
     drafts: tuple[str, ...],
     batch_sizes: tuple[int, ...],
     loading: dict[str, Any],
+    watched: AbstractContextManager[None],
     *,
     json_path: str | None,
     markdown_path: str | None,
     **settings: Any,
 ) -> None:
-    """`bench --workloads`: the draft axis, with the benchmark's own settings (`settings`)."""
+    """`bench --workloads`: the draft axis, with the benchmark's own settings (`settings`), run `watched`."""
     from specq.bench import draft_axis, report
 
-    with specq_errors():
+    with specq_errors(), watched:
         results = draft_axis.run_draft_axis_benchmark(
             target, draft, workloads, drafts, batch_sizes, **loading, **settings
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ import click
 from specq.cli.group import cli
 from specq.cli.options import (
     DTYPES,
+    Duration,
     compile_option,
     float_range,
     input_limit_options,
@@ -92,8 +94,19 @@ def draft() -> None:
     default="200k",
     show_default=True,
     callback=_budget,
-    help="How much to train: tokens (200000, 200k, 2M) or training time (90s, 30m, 1h; the target's decoding "
-    "not counted).",
+    help="How much to train: tokens (200000, 200k, 2M) or training time (90s, 30m, 1h). It bounds the training "
+    "phase alone (a head's includes the target's read of its hidden states), not the target's decoding before it "
+    "nor the held-out measurement after it: --time-limit bounds the whole command.",
+)
+@click.option(
+    "--time-limit",
+    type=Duration(),
+    help="A bound on the whole command, from its start to its last line (e.g. 30m, 2h): reading the prompts, "
+    "loading the target, a probe of its speed, its decoding of the training prompts, a head's read of the hidden "
+    "states, training and the held-out measurement. The plan printed before the decoding fits them in: fewer "
+    "training prompts decoded (a seeded sample) and training stopped early (never past --budget). A limit that "
+    "cannot fit one prompt's decode, 10s of training and the measurement is refused before the decoding. A "
+    "resumed run's limit counts that try alone. [default: none]",
 )
 @click.option(
     "--proposer",
@@ -231,6 +244,7 @@ def train(
     output_dir: Path,
     overwrite: bool,
     budget: Budget,
+    time_limit: timedelta | None,
     proposer: str,
     head_vocab: int,
     layers: int | None,
@@ -264,10 +278,11 @@ def train(
 
     The target decodes the training prompts (target-only, with specq's engine), a small draft sized
     from it learns its distributions, and the command ends by measuring the draft against target-only
-    on held-out prompts, as `specq bench` does; DIR alone on stdout. An interrupted run (Ctrl-C, a kill)
-    resumes when the same command is run again. Exit 2 on bad prompts (one too long for the target's
-    context among them), a target that does not load, a DIR that exists or a DIR in a place it may not
-    be (see -o).
+    on held-out prompts, as `specq bench` does; DIR alone on stdout. Before the decoding it measures the
+    target's speed and prints its plan, an estimate a phase (fitted into --time-limit where given). An
+    interrupted run (Ctrl-C, a kill) resumes when the same command is run again. Exit 2 on bad prompts
+    (one too long for the target's context among them), a target that does not load, a DIR that exists,
+    a DIR in a place it may not be (see -o) or a --time-limit too short for the smallest run.
     """
     from specq.decoding.types import SamplingParams
     from specq.distill.run import train_draft
@@ -313,7 +328,14 @@ def train(
         started = time.perf_counter()
         try:
             with shown.watched():
-                outcome = train_draft(settings, output_dir, shown, overwrite=overwrite, limits=input_limits)
+                outcome = train_draft(
+                    settings,
+                    output_dir,
+                    shown,
+                    overwrite=overwrite,
+                    limits=input_limits,
+                    time_limit_s=None if time_limit is None else time_limit.total_seconds(),
+                )
         except (TrainingInterrupted, KeyboardInterrupt) as exc:
             shown.close()
             what = str(exc) if isinstance(exc, TrainingInterrupted) else "interrupted"
@@ -324,10 +346,14 @@ def train(
     from specq.distill.evaluate import summary_lines, usage_line
 
     state = outcome.state
+    prompts = f"{outcome.train_prompts}" + (
+        f" of {outcome.training_prompts_in_file}" if outcome.train_prompts < outcome.training_prompts_in_file else ""
+    )
+    stopped = f" ({state['stopped']})" if state.get("stopped") else ""
     click.echo(
-        f"trained on {outcome.train_prompts} prompts: {state['tokens']} tokens in {state['step']} steps, "
-        f"{state['elapsed_s']:.0f}s of training, {state['checkpoints']} checkpoints, final loss {state['loss']:.4f}; "
-        f"{time.perf_counter() - started:.0f}s in all" + (" (this try)" if outcome.resumed else ""),
+        f"trained on {prompts} prompts: {state['tokens']} tokens in {state['step']} steps, "
+        f"{state['elapsed_s']:.0f}s of training, {state['checkpoints']} checkpoints, final loss {state['loss']:.4f}"
+        f"{stopped}; {time.perf_counter() - started:.0f}s in all" + (" (this try)" if outcome.resumed else ""),
         err=True,
     )
     for line in summary_lines(outcome.evaluation):

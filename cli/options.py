@@ -34,6 +34,7 @@ from specq.errors import (
     ModelLoadError,
     OutputPathError,
     SpecqError,
+    TimeLimitError,
     WorkerUnusableError,
 )
 from specq.limits import (
@@ -451,7 +452,7 @@ def specq_errors() -> Iterator[None]:
         yield
     except BadInputError as exc:
         raise BadInput(exc.problems) from None
-    except (OutputPathError, ConfigError, JobActiveError) as exc:
+    except (OutputPathError, ConfigError, JobActiveError, TimeLimitError) as exc:
         raise UsageLine(mask_text(str(exc))) from None
     except (ModelLoadError, JobNotFoundError) as exc:  # about a value, not the command line: no usage text
         raise UsageLine(mask_text(str(exc))) from None

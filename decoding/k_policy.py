@@ -37,7 +37,9 @@ estimate is not far below the best k's (`_FULL_PROBE_REACH`), so estimates never
 leave the choice where it was, the interval doubles (up to `_MAX_PROBE_BACKOFF` times), so a batch
 where speculation does not pay stops paying for the reminder; but not before the draft model's
 acceptance is measured on a few draft tokens (`_SETTLED_DRAFT_TOKENS`), and until then every probe
-goes to the full K.
+goes to the full K. Before any of that, a draft model's first steps (`_FIRST_FULL_STEPS`) all propose
+the full K where it could pay at all (`_HOPEFUL_ACCEPTANCE`), so that no choice rests on the prior and
+one early step.
 Between a choice of k = 0 and the next probe the policy rests: the engine decodes plainly without
 asking the proposer for offers (`wants_offers`), so prompt lookups and suffix-index walks, a few per
 cent of a compute-bound batch's step, are not paid where they are not used; where they cost next to
@@ -91,6 +93,13 @@ _FULL_PROBE_REACH = 0.75
 # it could not pay, and probes of one token, spaced ever wider, took most of a 1,000-step job (16
 # prompts at batch 1) to learn otherwise. A probe of K tokens at batch 1 costs about two plain steps.
 _SETTLED_DRAFT_TOKENS = 16
+# A draft model's first steps all propose the full K, before any estimate decides: with probes alone
+# (every `probe_interval` steps) a short job never learnt what its first step hid (the real pair at
+# batch 1, 48-token requests: a first step that kept none of its drafts, then rests, mean k 0.30 at
+# acceptance 0.76, where k = 3 fixed paid 1.61x). They cost at most about two plain steps each at batch 1.
+_FIRST_FULL_STEPS = 4
+# ... where they could pay at all: at this acceptance, a draft model that is nearly always right
+_HOPEFUL_ACCEPTANCE = 0.9
 # A resting policy still asks for offers where they cost less than this share of a plain step: resting
 # saves only their time, and where that is next to nothing it lost the matches that came up between
 # probes (SmolLM2 at batch 1 on the 2-core CPU: a prompt lookup or suffix walk 0.1-0.5 ms, a plain step
@@ -104,13 +113,22 @@ _NEGLIGIBLE_OFFERS = 0.01
 
 
 class _Timing:
-    """Median seconds of the last `_WINDOW` observations."""
+    """Median seconds of the last `_WINDOW` observations, the first one dropped once a second comes: the
+    first forward of a shape (a width, a row count) builds its kernels (oneDNN's primitives, the
+    allocator's blocks), and a median of one or two samples is that slow first one. Kept, it priced
+    each width by its first forward, the widths a cold policy tried once looked dearer than a plain
+    step, and it rested (the real pair at batch 1 on the 2-core CPU: mean k 0.30 at acceptance 0.76,
+    0.92x target-only, where k = 3 fixed gave 1.61x)."""
 
     def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=_WINDOW)
         self.value: float | None = None
+        self._first_kept = True  # the first sample is still in `samples`
 
     def add(self, seconds: float) -> None:
+        if self._first_kept and self.samples:
+            self.samples.clear()
+            self._first_kept = False
         self.samples.append(seconds)
         self.value = statistics.median(self.samples)
 
@@ -198,6 +216,7 @@ class SpeculationPolicy:
         self._next_probe = probe_interval
         self._probe_gap = probe_interval
         self._probes = 0
+        self._draft_model_steps = 0  # steps whose proposals the draft model made, some of them at least
         self._best_at_last_probe: int | None = None
         self._resting_at: int | None = None  # the row count whose last choice was k = 0, until a probe
         # what the hybrid and `choose` ask several times a step, kept until the next observation
@@ -242,6 +261,9 @@ class SpeculationPolicy:
         self._expected_tokens.clear()
         for curve in self._acceptance.values():
             curve.fade()
+        drafted = num_draft > 0
+        if drafted.any() and (sources is None or (sources[drafted] == 0).any()):
+            self._draft_model_steps += 1
         if sources is None:
             self._curve_of(0).observe(num_accepted, num_draft)
             return
@@ -358,7 +380,10 @@ class SpeculationPolicy:
         # row counts borrow the curve's shape); and the draft model's forward once it is to run.
         if not any(len(_measured(widths)) >= 2 for widths in self.t_target.values()):
             return 0 if top + 1 in _measured(self.t_target.get(rows, {})) else top
-        if _draft_depth(offers, sources) != 0 and not self._measured_drafts():  # the draft model runs
+        depth = _draft_depth(offers, sources)
+        if depth != 0 and not self._measured_drafts():  # the draft model runs
+            return top
+        if depth != 0 and self._draft_model_steps < _FIRST_FULL_STEPS and self._full_k_could_pay(rows, top, depth):
             return top
         rates = self.rates(rows, top, offers, sources, tokens_left)
         best = _best_k(rates)
@@ -377,6 +402,14 @@ class SpeculationPolicy:
             return top
         # Alternate probing above and below the current best.
         return min(best + 1, top) if self._probes % 2 == 0 or best == 0 else best - 1
+
+    def _full_k_could_pay(self, rows: int, top: int, depth: int | None) -> bool:
+        """Whether `top` draft tokens a row would pay at the step times measured if the draft model were
+        nearly always right (`_HOPEFUL_ACCEPTANCE`): where even then they would not (a compute-bound
+        batch, whose verify costs its width), a cold policy does not try them first."""
+        times = self.step_times(rows, top, draft_depth=depth)  # [top + 1]
+        hopeful = 1.0 + float(np.sum(_HOPEFUL_ACCEPTANCE ** np.arange(1, top + 1)))
+        return bool(hopeful / times[top] >= _MIN_GAIN / times[0])
 
     def best(
         self, rows: int, top: int, offers: np.ndarray | None = None, sources: np.ndarray | None = None

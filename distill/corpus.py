@@ -10,7 +10,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,31 +134,45 @@ def decode_with_target(
     top_k: int = 0,
     on_progress: DecodeProgress = lambda done, total, stats: None,
     store: DecodeStore | None = None,
+    wanted: Collection[int] | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[Decoded]:
     """The target's completion of each prompt (specq's batched engine, target-only, each request's own
     sampling settings), in the prompts' order; with `top_k` > 0, with the target's `top_k` likeliest
     tokens at each position (the engine's logprobs, read as it verifies: no extra forward). With a
     `store`, each completion goes into it as the engine finishes it, and the prompts it already holds are
-    not decoded again (`on_progress` counts the others)."""
+    not decoded again (`on_progress` counts the others). `wanted`: those prompts alone (positions in
+    `prompts`), decoded and returned. `stop`, asked after each completion, ends the decode where it says
+    so (a time limit): the completions under way are dropped, those finished returned."""
     from specq.decoding.config import DecodingConfig
     from specq.decoding.engine import SpeculativeEngine
 
     decoded = dict(store.decoded) if store is not None else {}
+    chosen = range(len(prompts)) if wanted is None else sorted(wanted)
     engine = SpeculativeEngine(target, tokenizer, None, DecodingConfig(batch_size=batch_size))
     requests = [
-        GenerationRequest(i, p.request.prompt_token_ids, replace(p.request.params, logprobs=top_k or None))
-        for i, p in enumerate(prompts)
+        GenerationRequest(
+            i, prompts[i].request.prompt_token_ids, replace(prompts[i].request.params, logprobs=top_k or None)
+        )
+        for i in chosen
         if i not in decoded
     ]
-    for done, result in enumerate(engine.generate(requests), 1):
-        if result.error is not None:
-            raise SpecqError(f"the target failed on line {prompts[result.key].line}: {result.error}")
-        sequence = _decoded(prompts[result.key].request.prompt_token_ids, result, top_k)
-        decoded[result.key] = sequence
-        if store is not None:
-            store.append(result.key, sequence)
-        on_progress(done, len(requests), engine.stats)
-    return [decoded[i] for i in range(len(prompts))]
+    results = engine.generate(requests)
+    try:
+        for done, result in enumerate(results, 1):
+            if result.error is not None:
+                raise SpecqError(f"the target failed on line {prompts[result.key].line}: {result.error}")
+            sequence = _decoded(prompts[result.key].request.prompt_token_ids, result, top_k)
+            decoded[result.key] = sequence
+            if store is not None:
+                store.append(result.key, sequence)
+            on_progress(done, len(requests), engine.stats)
+            if done < len(requests) and stop():
+                break
+    finally:
+        if isinstance(results, Generator):  # closed at a stop: the engine lets its rows and caches go now
+            results.close()
+    return [decoded[i] for i in chosen if i in decoded]
 
 
 def _decoded(prompt: tuple[int, ...], result: GenerationResult, top_k: int) -> Decoded:

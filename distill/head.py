@@ -147,21 +147,22 @@ def read_chains(
     sequences: Sequence[Decoded],
     path: Path,
     on_progress: Callable[[int, int, int], None] = lambda done, total, tokens: None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[Chains, float]:
-    """The chains of `sequences` and the target's seconds reading them, stored in `path` (`save_chains`).
-    The target reads them READ_PART sequences at a time, each part stored beside `path` as it is read,
-    so a read killed midway resumes at its first missing part; the parts go once `path` is written.
-    `on_progress(sequences read, all, tokens this try read)` after each part."""
+    """The chains of `sequences` and the target's seconds reading them (on `clock`), stored in `path`
+    (`save_chains`). The target reads them READ_PART sequences at a time, each part stored beside `path`
+    as it is read, so a read killed midway resumes at its first missing part; the parts go once `path`
+    is written. `on_progress(sequences read, all, tokens this try read)` after each part."""
     parts, read_s, tokens = [], 0.0, 0
     on_progress(0, len(sequences), 0)
     part_paths = [path.with_name(f"{path.stem}.part{n:05d}.pt") for n in range(math.ceil(len(sequences) / READ_PART))]
     for number, part_path in enumerate(part_paths):
         stored = load_chains(part_path)
         if stored is None:
-            started = time.perf_counter()
+            started = clock()
             part = sequences[number * READ_PART : (number + 1) * READ_PART]
             chains = target_states(target, part)
-            seconds = time.perf_counter() - started
+            seconds = clock() - started
             tokens += sum(len(sequence.token_ids) for sequence in part)
             stored = save_chains(chains, seconds, part_path), seconds
         parts.append(stored[0])

@@ -1,8 +1,11 @@
-"""`specq draft train`: the three phases in order, each picked up where an earlier try left it."""
+"""`specq draft train`: the plan (distill/plan.py), then the three phases in order, each picked up where an
+earlier try left it, and all of them within `--time-limit` where one is given."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from specq.budget import Budget
 from specq.distill.settings import DistillSettings
-from specq.errors import BadInputError
+from specq.errors import BadInputError, TimeLimitError
 
 if TYPE_CHECKING:
     from specq.decoding.stats import EngineStats
@@ -36,10 +39,11 @@ class Progress(Protocol):
 class Outcome:
     draft_dir: Path
     resumed: bool
-    train_prompts: int
+    train_prompts: int  # the training sequences the draft learnt from
     heldout_prompts: int
-    state: dict[str, Any]  # the last TrainState, as a dict
+    state: dict[str, Any]  # the last TrainState, as a dict (`stopped` where --time-limit ended training)
     evaluation: dict[str, Any]  # evaluate.evaluate_draft's report
+    training_prompts_in_file: int = 0  # the file's prompts not held out: more than `train_prompts` where a limit cut
 
 
 def train_draft(
@@ -49,8 +53,13 @@ def train_draft(
     *,
     overwrite: bool = False,
     limits: InputLimits | None = None,
+    time_limit_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Outcome:
-    """Validate the prompts, then decode, train and evaluate into `output` (distill/workdir.py)."""
+    """Validate the prompts, measure the target and say the plan (distill/plan.py), then decode, train and
+    evaluate into `output` (distill/workdir.py). `time_limit_s`: the whole call's bound on `clock`, from
+    its start (this try's alone, where it resumes an earlier one); the plan fits the phases into it."""
+    started = clock()
     from specq.decoding.hf_model import context_length
     from specq.distill.corpus import (
         DecodeStore,
@@ -86,42 +95,79 @@ def train_draft(
         digest = file_digest(source.path)
 
     train_ids, heldout_ids = split(len(prompts), settings.heldout_count(len(prompts)), settings.seed)
+    train_prompts = [prompts[i] for i in train_ids]
     with open_workdir(output, settings.identity(), digest, overwrite) as workdir:
         if workdir.resumed:
             progress.say(f"resuming the unfinished run in {output} (phase: {workdir.phase})")
-        target = None
-        needs_target = not settings.teacher_top_k or settings.proposer == "head"  # the head reads its states
-        if workdir.phase == "decode" or (workdir.phase == "train" and needs_target):
+        target, plan, sequences = None, None, None
+        if workdir.phase in ("decode", "train"):
+            from specq.distill.plan import decode_order, make_plan, measure_target_speed, plan_lines
             from specq.models.loading import load_model, resolve_device
 
+            # on the device and dtype the run decodes with, also where a resumed run only sizes its draft
+            # from the target: the probe measures the target as the phases left will run it
+            reads = settings.proposer == "head" and not workdir.hidden_states.exists()  # a head's, this try
+            loading = clock()
             target = load_model(settings.target, resolve_device(settings.device), settings.dtype)
+            order = decode_order(len(train_prompts), settings.seed)
+            speed = measure_target_speed(
+                target,
+                tokenizer,
+                [train_prompts[i] for i in order[: settings.decode_batch_size]],
+                settings.decode_batch_size,
+                settings.teacher_top_k,
+                clock,
+                load_s=clock() - loading,
+                reads=reads,
+            )
+            store = DecodeStore(workdir.decoding) if workdir.phase == "decode" else None
+            if store is None:
+                sequences = load_sequences(workdir.sequences)
+            done = list(store.decoded.values()) if store is not None else sequences or []
+            try:
+                plan = make_plan(
+                    speed,
+                    settings,
+                    [] if store is None else [(i, train_prompts[i]) for i in order if i not in store.decoded],
+                    [len(sequence.token_ids) for sequence in done],
+                    reads,
+                    [prompts[i] for i in heldout_ids],
+                    clock() - started,
+                    time_limit_s,
+                )
+            except TimeLimitError:
+                if not workdir.resumed:  # refused before its work: DIR is left as the command found it
+                    workdir.discard()
+                raise
+            for line in plan_lines(plan, settings, len(heldout_ids)):
+                progress.say(line)
         if workdir.phase == "decode":
-            store = DecodeStore(workdir.decoding)
+            assert target is not None and plan is not None and store is not None
             stored = len(store.decoded)
             progress.say(
-                f"the target decodes {len(train_ids) - stored} training prompts ({len(heldout_ids)} held out"
+                f"the target decodes {len(plan.decode)} training prompts ({len(heldout_ids)} held out"
                 + (f"; {stored} decoded by an earlier try)" if stored else ")")
             )
-            assert target is not None
+            decode_until = plan.decode_until_s
             sequences = decode_with_target(
                 target,
                 tokenizer,
-                [prompts[i] for i in train_ids],
+                train_prompts,
                 settings.decode_batch_size,
                 top_k=settings.teacher_top_k,
                 on_progress=progress.decoding,
                 store=store,
+                wanted={*store.decoded, *plan.decode},
+                stop=(lambda: False) if decode_until is None else (lambda: clock() - started >= decode_until),
             )
             save_sequences(workdir.sequences, sequences)
-            workdir.advance("train", train_prompts=len(train_ids), heldout_prompts=len(heldout_ids))
+            workdir.advance("train", train_prompts=len(sequences), heldout_prompts=len(heldout_ids))
             workdir.decoding.unlink(missing_ok=True)  # sequences.jsonl holds it all now
         if workdir.phase == "train":
-            if target is None:  # resumed: the draft is sized from the target's config and embedding alone
-                from specq.models.loading import load_model
-
-                target = load_model(settings.target, "cpu", "float32")
+            assert target is not None and plan is not None and sequences is not None
             train = _train_head if settings.proposer == "head" else _train
-            state = train(settings, target, tokenizer, workdir, load_sequences(workdir.sequences), progress)
+            stop_at = None if plan.train_until_s is None else started + plan.train_until_s
+            state = train(settings, target, tokenizer, workdir, sequences, progress, clock, stop_at)
             del target
             workdir.advance("evaluate", training=state)
         progress.say(f"measuring the draft against target-only on {len(heldout_ids)} held-out prompts")
@@ -130,10 +176,33 @@ def train_draft(
         )
         workdir.advance("done", evaluation=evaluation)
         workdir.remove_work_files()
-        return Outcome(output, workdir.resumed, len(train_ids), len(heldout_ids), workdir.run["training"], evaluation)
+        return Outcome(
+            output,
+            workdir.resumed,
+            int(workdir.run.get("train_prompts", len(train_ids))),
+            len(heldout_ids),
+            workdir.run["training"],
+            evaluation,
+            len(train_ids),
+        )
 
 
-def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any, sequences: list, progress: Progress):
+def _stopped(state: TrainState, budget: Budget) -> str:
+    """Why training ended before its budget was spent: the whole command's limit."""
+    spent = f"{state.tokens} tokens" if budget.tokens is not None else f"{state.elapsed_s:.0f}s"
+    return f"--time-limit stopped it at {spent} of {budget.describe()}"
+
+
+def _train(
+    settings: DistillSettings,
+    target: Any,
+    tokenizer: Any,
+    workdir: Any,
+    sequences: list,
+    progress: Progress,
+    clock: Callable[[], float],
+    stop_at: float | None,
+) -> dict[str, Any]:
     from specq.distill.sizing import build_draft
     from specq.distill.trainer import StoredTeacher, Teacher, Trainer
     from specq.models.loading import resolve_device
@@ -165,7 +234,9 @@ def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any,
         f"({sum(p.numel() for p in draft.parameters()):,} parameters) on {len(sequences)} sequences "
         f"for {settings.budget.describe()} ({settings.loss})"
     )
-    state = trainer.run(workdir.work, on_step=lambda state: progress.training(state, settings.budget))
+    state = trainer.run(
+        workdir.work, on_step=lambda state: progress.training(state, settings.budget), clock=clock, stop_at=stop_at
+    )
     draft.eval()
     from transformers.utils import logging as hf_logging
 
@@ -178,11 +249,18 @@ def _train(settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any,
         if bars_were_on:
             hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(workdir.root)
-    return dict(vars(state))
+    return dict(vars(state)) if trainer.done() else {**vars(state), "stopped": _stopped(state, settings.budget)}
 
 
 def _train_head(
-    settings: DistillSettings, target: Any, tokenizer: Any, workdir: Any, sequences: list, progress: Progress
+    settings: DistillSettings,
+    target: Any,
+    tokenizer: Any,
+    workdir: Any,
+    sequences: list,
+    progress: Progress,
+    clock: Callable[[], float],
+    stop_at: float | None,
 ) -> dict[str, Any]:
     """A draft head (distill/head.py) trained on the stored completions, saved into DIR with the target's
     tokenizer; the target's hidden states are read once into the work folder, and training checkpoints and
@@ -204,7 +282,7 @@ def _train_head(
     stored = load_chains(workdir.hidden_states)
     if stored is None:  # parts an earlier try read are not read again
         progress.say(f"the target reads {len(sequences)} sequences for its hidden states")
-        chains, read_s = read_chains(target, sequences, workdir.hidden_states, progress.reading)
+        chains, read_s = read_chains(target, sequences, workdir.hidden_states, progress.reading, clock)
         progress.say(f"read {chains.tokens.numel():,} hidden states in {read_s:.0f}s")
     else:
         chains, read_s = stored
@@ -222,8 +300,11 @@ def _train_head(
     if trainer.restore(workdir.work):
         progress.say(f"continuing from the checkpoint at step {trainer.state.step}")
     progress.say(f"training for {settings.budget.describe()}")
-    state = trainer.run(workdir.work, on_step=lambda state: progress.training(state, settings.budget))
+    state = trainer.run(
+        workdir.work, on_step=lambda state: progress.training(state, settings.budget), clock=clock, stop_at=stop_at
+    )
     head.eval()
     head.save(workdir.root)
     tokenizer.save_pretrained(workdir.root)
-    return {**vars(state), "head_vocab_coverage": covered, "hidden_states_s": read_s}
+    stopped = {} if trainer.done() else {"stopped": _stopped(state, settings.budget)}
+    return {**vars(state), "head_vocab_coverage": covered, "hidden_states_s": read_s, **stopped}

@@ -286,15 +286,26 @@ class CheckpointedTraining:
     def done(self) -> bool:
         return self.state.fraction(self.budget) >= 1.0
 
-    def run(self, folder: Path, on_step: StepProgress = lambda state: None) -> TrainState:
+    def run(
+        self,
+        folder: Path,
+        on_step: StepProgress = lambda state: None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        stop_at: float | None = None,
+    ) -> TrainState:
         """Train until the budget is spent, checkpointing into `folder` every `checkpoint_every` steps and
-        at the end; Ctrl-C finishes the step under way, checkpoints and raises TrainingInterrupted."""
+        at the end; Ctrl-C finishes the step under way, checkpoints and raises TrainingInterrupted. Times
+        on `clock`. With `stop_at` (a time on `clock`: a whole command's limit), training also ends, its
+        budget spent or not, before a step that the last one's time (its checkpoint and `on_step`
+        included) says would end past it."""
         losses: list[float] = []
+        last_s = 0.0  # the last step's whole time: what the next one is expected to take
         with _sigint_deferred() as interrupted:
-            while not self.done():
-                started = time.perf_counter()
+            while not self.done() and (stop_at is None or clock() + last_s < stop_at):
+                started = clock()
                 losses.append(self.step())
-                self.state.elapsed_s += time.perf_counter() - started
+                self.state.elapsed_s += clock() - started
                 scheduled = self.state.step % self.checkpoint_every == 0 or self.done()
                 if scheduled:
                     self.state.checkpoints += 1
@@ -304,6 +315,7 @@ class CheckpointedTraining:
                     self.save(folder)
                     losses.clear()
                 on_step(self.state)
+                last_s = clock() - started
                 if interrupted() and not self.done():
                     if not scheduled:
                         self.save(folder)

@@ -64,6 +64,7 @@ class WorkDir:
     root: Path  # DIR
     run: dict[str, Any]  # run.json's content
     resumed: bool  # an interrupted run's folder, continued
+    made_root: bool = False  # this try made DIR (it was not there, or --overwrite removed it)
 
     @property
     def work(self) -> Path:
@@ -89,6 +90,13 @@ class WorkDir:
         """The stored decode, the hidden states and the checkpoint: a finished run needs none of them."""
         for name in (DECODING, HIDDEN_STATES, CHECKPOINT):
             (self.work / name).unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        """Undo a new run refused before its work (`--time-limit` too short): its work folder, and DIR
+        where this try made it, so that the next command finds DIR as it was (or finds none)."""
+        shutil.rmtree(self.work)
+        if self.made_root and not any(self.root.iterdir()):
+            self.root.rmdir()
 
     def advance(self, phase: str, **fields: Any) -> None:
         """Record that `phase` is reached (with `fields`), written then renamed into place."""
@@ -183,11 +191,12 @@ def open_workdir(root: Path, identity: dict[str, Any], data_digest: str, overwri
                     "the same ones to resume, or give --overwrite to start over"
                 )
             resumed = True
+    made_root = not resumed and not root.exists()
     if not resumed:
         (root / WORK).mkdir(parents=True)
     with _locked(root):
         run = _read_run(root) if resumed else None
-        workdir = WorkDir(root, run or {"version": VERSION, **expected}, resumed)
+        workdir = WorkDir(root, run or {"version": VERSION, **expected}, resumed, made_root)
         if not resumed:
             workdir.advance("decode")
         yield workdir

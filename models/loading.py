@@ -336,7 +336,7 @@ def check_pair(target: str, draft: str | None, converted: str | None = None) -> 
 def pack_for_verifies(model: Any) -> None:
     """The model's linear layers packed for multi-token forwards where that pays (decoding/packed_linear.py:
     fp32 on a CPU, where a verify of K + 1 tokens then costs about one and a half steps, not four)."""
-    from specq.decoding.packed_linear import can_pack, pack_linears
+    from specq.decoding.packed_linear import can_pack, choose_one_row_kernels, pack_linears
 
     parameter = next(model.parameters())
     if not can_pack(parameter.device, parameter.dtype):
@@ -345,7 +345,8 @@ def pack_for_verifies(model: Any) -> None:
     if weights > _available_memory() // 2:  # the packed copy costs the weights again: leave room beside it
         logger.info("linear layers left unpacked: %d MB of weights, too little free memory", weights >> 20)
         return
-    logger.info("packed %d linear layers for multi-token forwards", pack_linears(model))
+    packed = pack_linears(model)
+    logger.info("packed %d linear layers (%d read it for one token too)", packed, choose_one_row_kernels(model))
 
 
 def _available_memory() -> int:

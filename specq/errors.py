@@ -23,6 +23,11 @@ class OutputPathError(SpecqError):
     """The output path cannot be written (a missing folder, no permission, a folder): bad usage."""
 
 
+class TimeLimitError(SpecqError):
+    """`draft train --time-limit` too short for the smallest run the command can do (one training prompt,
+    a little training and the held-out measurement): bad usage, refused before the target decodes."""
+
+
 class ModelLoadError(SpecqError):
     """A model or tokenizer cannot be loaded, or the target and draft do not fit together."""
 

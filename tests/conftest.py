@@ -193,9 +193,8 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: within a file, and among the rest, the order stays
 
 
-# -- a progress line with an ETA every half minute: the suite takes minutes, more on a busy machine ------
-_PROGRESS_EVERY_S = 30.0
-_progress: dict = {}
+# -- a progress line with an ETA every half minute (tests/suite_progress.py) ------------------------------
+_progress: dict = {}  # reporter: pytest's terminal reporter; suite: the SuiteProgress, once the total is known
 
 
 def pytest_configure(config):
@@ -215,34 +214,20 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids):
     """Under pytest-xdist the controller collects nothing itself: each worker reports the same ids."""
-    if not _progress.get("total"):
+    if "suite" not in _progress or not _progress["suite"].total:
         _start_progress(node.config, len(ids))
 
 
 def _start_progress(config, total):
-    import time
+    from tests.suite_progress import SuiteProgress
 
-    _progress.update(
-        reporter=config.pluginmanager.get_plugin("terminalreporter"),
-        total=total,
-        done=0,
-        started=time.monotonic(),
-        shown=time.monotonic(),
-    )
+    _progress.update(reporter=config.pluginmanager.get_plugin("terminalreporter"), suite=SuiteProgress(total))
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    import time
-
-    if not _progress.get("reporter") or not _progress["total"]:
+    if not _progress.get("reporter") or not _progress["suite"].total:
         return
-    _progress["done"] += 1
-    now = time.monotonic()
-    if now - _progress["shown"] < _PROGRESS_EVERY_S or _progress["done"] == _progress["total"]:
-        return
-    _progress["shown"] = now
-    done, total, elapsed = _progress["done"], _progress["total"], now - _progress["started"]
-    left = elapsed / done * (total - done)
-    reporter = _progress["reporter"]
-    reporter.write("\n")  # -q leaves the line of dots open
-    reporter.write_line(f"-- {done} of {total} tests, {elapsed / 60:.1f} min in; about {left / 60:.1f} min left")
+    line = _progress["suite"].finished()
+    if line is not None:
+        _progress["reporter"].write("\n")  # -q leaves the line of dots open
+        _progress["reporter"].write_line(line)

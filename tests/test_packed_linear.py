@@ -9,7 +9,14 @@ import torch
 from torch import nn
 
 from specq.decoding import DecodingConfig, GenerationRequest, SamplingParams, SpeculativeEngine, packed_linear
-from specq.decoding.packed_linear import PackedLinear, can_pack, pack_linears, plain_linears
+from specq.decoding.packed_linear import (
+    PackedLinear,
+    can_pack,
+    choose_one_row_kernels,
+    pack_linears,
+    plain_linears,
+    time_one_row,
+)
 from specq.models.loading import load_pair
 from tests.tiny_models import IdTokenizer, noisy_copy, tiny_llama
 
@@ -62,6 +69,43 @@ def test_the_packed_kernel_runs_for_more_than_one_row_only_and_never_inside_plai
     assert calls == [6]
 
 
+def test_one_row_takes_the_kernel_measured_faster_for_its_shape(monkeypatch) -> None:
+    """The choice is made once per weight shape, from the injected timer's verdict: the wide layers here
+    read the packed copy for one row, the narrow ones their plain weight."""
+    model = nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 16), nn.Linear(16, 64)).eval()
+    assert pack_linears(model) == 3
+    timed = []
+
+    def packed_faster_when_wide(layer: PackedLinear) -> tuple[float, float]:
+        timed.append((layer.out_features, layer.in_features))
+        return (2.0, 1.0) if layer.out_features == 64 else (1.0, 2.0)
+
+    assert choose_one_row_kernels(model, packed_faster_when_wide) == 2
+    assert sorted(timed) == [(16, 64), (64, 16)]  # each shape measured once
+    assert [layer.one_row_packed for layer in model] == [True, False, True]
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return real(*args)
+
+    monkeypatch.setattr(packed_linear.torch.ops.mkldnn, "_linear_pointwise", counted)
+    x = torch.randn(1, 1, 16)  # [batch, tokens, in]
+    with torch.inference_mode():
+        expected = x
+        for layer in model:
+            assert isinstance(layer, PackedLinear)
+            expected = torch.nn.functional.linear(expected, layer.weight, layer.bias)
+        assert torch.allclose(model(x), expected, atol=1e-5)
+    assert calls == [1, 1]  # the two wide layers, one row each
+
+
+def test_the_one_row_timer_times_both_kernels_on_the_layer() -> None:
+    plain_s, packed_s = time_one_row(PackedLinear(nn.Linear(32, 48).eval()), repeats=2)
+    assert 0 < plain_s < 10 and 0 < packed_s < 10
+
+
 def test_greedy_decoding_with_packed_linears_is_the_plain_models() -> None:
     target = tiny_llama(seed=0)
     draft = noisy_copy(target, scale=0.002)
@@ -75,6 +119,10 @@ def test_greedy_decoding_with_packed_linears_is_the_plain_models() -> None:
 
     plain = decode(False)
     assert pack_linears(target) > 0 and pack_linears(draft) > 0
+    assert decode(False) == plain
+    assert decode(True) == plain
+    for model in (target, draft):  # and with every one-row forward on the packed weight too
+        choose_one_row_kernels(model, lambda layer: (2.0, 1.0))
     assert decode(False) == plain
     assert decode(True) == plain
 
