@@ -383,8 +383,9 @@ class SpeculationPolicy:
         depth = _draft_depth(offers, sources)
         if depth != 0 and not self._measured_drafts():  # the draft model runs
             return top
-        if depth != 0 and self._draft_model_steps < _FIRST_FULL_STEPS and self._full_k_could_pay(rows, top, depth):
-            return top
+        first = top if depth is None else min(depth, top)  # the draft model's full depth, not a lookup's
+        if depth != 0 and self._draft_model_steps < _FIRST_FULL_STEPS and self._full_k_could_pay(rows, first, depth):
+            return first
         rates = self.rates(rows, top, offers, sources, tokens_left)
         best = _best_k(rates)
         self._resting_at = rows if best == 0 else None
@@ -408,6 +409,8 @@ class SpeculationPolicy:
         nearly always right (`_HOPEFUL_ACCEPTANCE`): where even then they would not (a compute-bound
         batch, whose verify costs its width), a cold policy does not try them first."""
         times = self.step_times(rows, top, draft_depth=depth)  # [top + 1]
+        if not np.isfinite(times[[0, top]]).all():  # not measured at these rows yet: no evidence it could
+            return False
         hopeful = 1.0 + float(np.sum(_HOPEFUL_ACCEPTANCE ** np.arange(1, top + 1)))
         return bool(hopeful / times[top] >= _MIN_GAIN / times[0])
 

@@ -447,3 +447,18 @@ def test_a_draining_batch_does_not_widen_for_rows_ahead_of_its_slowest(monkeypat
     # the same offers where the rows without a match are the ones ahead: the slowest rows' progress pays
     ahead_without = np.array([0] * 4 + [5] * 12)
     assert policy.choose(16, 5, ahead_without, sources, np.array([10] * 4 + [20] * 12)) == 5
+
+
+def test_a_cold_hybrid_tries_the_draft_models_depth_not_a_lookups():
+    """The first full steps measure the draft model: a row whose looked-up match runs 8 tokens does not
+    widen them to 9 (at 16 rows on the 2-core CPU such steps cost several plain ones, a third of a short
+    job's steps)."""
+    policy = SpeculationPolicy(8, fixed=False)
+    _measured(policy, 2, lambda width: 0.010)
+    assert policy.choose(2, limit=8, offers=np.array([8, 4]), sources=np.array([NGRAM, 0])) == 4
+
+
+def test_a_cold_policy_does_not_force_drafts_where_even_a_perfect_draft_could_not_pay():
+    policy = SpeculationPolicy(4, fixed=False, probe_interval=10**9)
+    _measured(policy, 16, lambda width: 0.010 * width)  # verification costs its width: a compute-bound batch
+    assert policy.choose(16, limit=8) == 0
